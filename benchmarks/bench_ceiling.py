@@ -1,0 +1,173 @@
+"""The load generator's own ceiling: requests/s per client core on a no-op endpoint, against ab and wrk.
+
+    python benchmarks/bench_ceiling.py [--seconds 5] [--concurrency 16] [--rate 2000]
+
+A no-op HTTP/1.1 server (raw asyncio protocol, uvloop when installed, its own process) answers every request with
+"OK", so the server is as cheap as it can be. Each tool runs against it in turn; the figure that matters is
+requests per second of *client CPU time* (the tool's own CPU, not the server's), so the ratio holds even when the
+server, sharing the machine, is what limits the raw rate. Then an open-loop run at --rate checks that the
+built-in engine keeps its schedule (late sends) and is not the bottleneck below that rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from servetune.bench import BenchSpec, run_bench
+
+_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\r\nOK"
+
+
+class _NoOp(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end].lower()
+            match = re.search(rb"content-length:\s*(\d+)", head)
+            size = end + 4 + (int(match.group(1)) if match else 0)
+            if len(self.buffer) < size:
+                return
+            self.buffer = self.buffer[size:]
+            self.transport.write(_RESPONSE)
+
+
+def serve(port: int) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_NoOp, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_child(cmd: list[str]) -> tuple[str, float, float]:
+    """Run a tool; return its stdout, wall seconds and its own CPU seconds (from wait4's rusage)."""
+    with tempfile.TemporaryFile() as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} exited {proc.returncode}: {text[-500:]}")
+    return text, wall, usage.ru_utime + usage.ru_stime
+
+
+def bench_ab(url: str, body: Path, concurrency: int, requests: int) -> tuple[float, float]:
+    text, wall, cpu = run_child(
+        ["ab", "-q", "-k", "-c", str(concurrency), "-n", str(requests), "-p", str(body), "-T", "text/plain", url]
+    )
+    rate = float(re.search(r"Requests per second:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
+    return rate, requests / cpu
+
+
+def bench_wrk(url: str, body: Path, concurrency: int, seconds: float) -> tuple[float, float]:
+    script = body.with_suffix(".lua")
+    script.write_text(
+        f'wrk.method = "POST"\nwrk.body = "{body.read_text().strip()}"\nwrk.headers["Content-Type"] = "text/plain"\n'
+    )
+    text, wall, cpu = run_child(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "-s", str(script), url])
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
+    count = int(re.search(r"(\d+) requests in", text).group(1))  # type: ignore[union-attr]
+    return rate, count / cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
+    parser.add_argument("--concurrency", type=int, default=16, help="closed-loop connections")
+    parser.add_argument("--rate", type=float, default=2000.0, help="open-loop rate to check the schedule at")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/predictions/noop"
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
+    try:
+        _wait_for(port)
+        with tempfile.TemporaryDirectory() as tmp:
+            body = Path(tmp) / "body.txt"
+            body.write_text("hello")
+            rows: list[tuple[str, float, float]] = []
+            closed = run_bench(
+                BenchSpec(url=url, input=body, concurrency=args.concurrency, duration=args.seconds, warmup_seconds=0.5)
+            )
+            ours = closed.sent / closed.client.cpu_seconds
+            rows.append(("servetune async (closed)", closed.throughput_rps, ours))
+            requests = max(1000, int(closed.throughput_rps * args.seconds))
+            if shutil.which("ab"):
+                rows.append(("ab -k", *bench_ab(url, body, args.concurrency, requests)))
+            if shutil.which("wrk"):
+                rows.append(("wrk -t1", *bench_wrk(url, body, args.concurrency, args.seconds)))
+            opened = run_bench(
+                BenchSpec(url=url, input=body, rate=args.rate, duration=args.seconds, warmup_seconds=0.5)
+            )
+            rows.append(
+                (
+                    f"servetune async (open {args.rate:g}/s)",
+                    opened.throughput_rps,
+                    opened.sent / opened.client.cpu_seconds,
+                )
+            )
+    finally:
+        server.terminate()
+        server.wait()
+    print(f"no-op endpoint, {os.cpu_count()} cores shared by server and client, concurrency {args.concurrency}")
+    print(f"{'tool':34} {'req/s':>9} {'req/s per client core':>22} {'vs servetune':>13}")
+    for name, rate, per_core in rows:
+        print(f"{name:34} {rate:9.0f} {per_core:22.0f} {per_core / ours:12.2f}x")
+    print(
+        f"open loop at {args.rate:g}/s: achieved {opened.throughput_rps:.0f}/s, late sends {opened.late_sends}/"
+        f"{opened.sent} (worst {opened.max_late_ms:.1f} ms), client CPU {opened.client.cpu_percent:.0f}% of one core,"
+        f" P99 {opened.latency.p99_ms if opened.latency else float('nan'):.2f} ms,"
+        f" {'UNRELIABLE: ' + '; '.join(opened.reasons) if opened.unreliable else 'reliable'}"
+    )
+
+
+def _wait_for(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("no-op server did not start")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""servetune: serve PyTorch models the TorchServe way, measure them honestly, tune them to an SLA."""
+
+from __future__ import annotations
+
+from servetune._exceptions import (
+    ArchiveError,
+    BenchError,
+    ConfigError,
+    HandlerError,
+    ModelError,
+    ServetuneError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = ["ArchiveError", "BenchError", "ConfigError", "HandlerError", "ModelError", "ServetuneError", "__version__"]

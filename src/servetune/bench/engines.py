@@ -1,0 +1,52 @@
+"""Load engines behind one name -> "module:attr" registry, and the small contract they share."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servetune._exceptions import ConfigError
+from servetune.bench.payload import Payload
+from servetune.bench.progress import Progress
+from servetune.bench.recording import Recording
+from servetune.bench.spec import BenchSpec
+
+ENGINES: dict[str, str] = {
+    "async": "servetune.bench.async_engine:AsyncEngine",
+    "ab": "servetune.bench.ab_engine:ApacheBenchEngine",
+}
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass
+class RunHooks:
+    """Called by an engine: ``measure_start`` once the warm-up is over, just before the first measured request
+    (and not awaited in the open loop's schedule), ``measure_end`` after the last measured answer."""
+
+    measure_start: Callable[[], Awaitable[None]] = _nothing
+    measure_end: Callable[[], Awaitable[None]] = _nothing
+    progress: Progress = field(default_factory=Progress)
+
+
+class Engine(Protocol):
+    """A way to put load on a URL. ``run`` records the measured requests; it computes no statistics."""
+
+    name: str
+
+    async def run(self, spec: BenchSpec, payloads: Sequence[Payload], hooks: RunHooks) -> Recording: ...
+
+
+def get_engine(name: str) -> Engine:
+    """The engine registered under ``name``."""
+    target = ENGINES.get(name)
+    if target is None:
+        raise ConfigError(f"engine={name!r}: expected one of {', '.join(sorted(ENGINES))}")
+    module_name, attr = target.split(":")
+    engine_cls = getattr(importlib.import_module(module_name), attr)
+    engine: Engine = engine_cls()
+    return engine

@@ -1,0 +1,186 @@
+"""What an engine hands back (the raw measured samples) and how it becomes a BenchResult.
+
+Engines only record; every figure is computed here, once, so the built-in engine and ``ab`` are summarised alike.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from servetune.bench.result import BenchResult, ClientUsage, Distribution, LatencySummary, ServerBreakdown
+from servetune.bench.spec import BenchSpec
+from servetune.bench.stats import as_sorted, percentile, quantile_ci
+
+# Status codes for requests that got no HTTP answer; engines that cannot tell statuses apart record UNKNOWN.
+TIMEOUT = -1
+CONNECTION = -2
+UNKNOWN = 0
+_FAILURE_NAMES = {TIMEOUT: "timeout", CONNECTION: "connection"}
+
+# Open loop: a send later than this after its intended time is late; more than LATE_LIMIT of them -> unreliable.
+LATE_MS = 1.0
+LATE_LIMIT = 0.01
+
+
+@dataclass
+class Recording:
+    """The measured requests, one entry per request in each array, in send order.
+
+    ``start_s`` is the (intended) send time relative to the start of measurement; ``status`` is the HTTP status,
+    ``UNKNOWN`` or a negative failure code; ``queue_ms``/``handler_ms`` are NaN and ``batch_size`` 0 when the
+    server did not report them. ``extra_errors`` holds failures an engine counted without per-request statuses.
+    """
+
+    start_s: array[float] = field(default_factory=lambda: array("d"))
+    latency_ms: array[float] = field(default_factory=lambda: array("d"))
+    status: array[int] = field(default_factory=lambda: array("i"))
+    queue_ms: array[float] = field(default_factory=lambda: array("d"))
+    handler_ms: array[float] = field(default_factory=lambda: array("d"))
+    batch_size: array[int] = field(default_factory=lambda: array("i"))
+    window_s: float = 0.0
+    cpu_seconds: float = 0.0
+    extra_errors: Counter[str] = field(default_factory=Counter)
+    scheduled: int = 0
+    late_sends: int = 0
+    max_late_ms: float = 0.0
+    peak_in_flight: int = 0
+    resolution_ms: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def add(
+        self, start_s: float, latency_ms: float, status: int, queue_ms: float, handler_ms: float, batch_size: int
+    ) -> None:
+        self.start_s.append(start_s)
+        self.latency_ms.append(latency_ms)
+        self.status.append(status)
+        self.queue_ms.append(queue_ms)
+        self.handler_ms.append(handler_ms)
+        self.batch_size.append(batch_size)
+
+
+def summarise_latency(latency_ms: np.ndarray) -> LatencySummary | None:  # type: ignore[type-arg]
+    if len(latency_ms) == 0:
+        return None
+    ordered = as_sorted(latency_ms)
+    p99 = percentile(ordered, 99.0)
+    ci = quantile_ci(ordered, 0.99)
+    return LatencySummary(
+        count=len(ordered),
+        mean_ms=float(ordered.mean()),
+        min_ms=float(ordered[0]),
+        max_ms=float(ordered[-1]),
+        p50_ms=percentile(ordered, 50.0),
+        p90_ms=percentile(ordered, 90.0),
+        p95_ms=percentile(ordered, 95.0),
+        p99_ms=p99,
+        p999_ms=percentile(ordered, 99.9),
+        at_or_above_p99=int(len(ordered) - np.searchsorted(ordered, p99, side="left")),
+        p99_ci_low_ms=ci[0] if ci else None,
+        p99_ci_high_ms=ci[1] if ci else None,
+    )
+
+
+def _distribution(values: np.ndarray) -> Distribution | None:  # type: ignore[type-arg]
+    if len(values) == 0:
+        return None
+    ordered = as_sorted(values)
+    return Distribution(
+        mean_ms=float(ordered.mean()),
+        p50_ms=percentile(ordered, 50.0),
+        p90_ms=percentile(ordered, 90.0),
+        p99_ms=percentile(ordered, 99.0),
+    )
+
+
+def header_breakdown(rec: Recording, ok: np.ndarray) -> ServerBreakdown | None:  # type: ignore[type-arg]
+    """Per-request server breakdown from the timing headers of the successful responses, if the server sent any."""
+    queue = np.frombuffer(rec.queue_ms, dtype=np.float64)[ok]
+    handler = np.frombuffer(rec.handler_ms, dtype=np.float64)[ok]
+    batch = np.frombuffer(rec.batch_size, dtype=np.int32)[ok]
+    queue, handler, batch = queue[~np.isnan(queue)], handler[~np.isnan(handler)], batch[batch > 0]
+    if not (len(queue) or len(handler) or len(batch)):
+        return None
+    # Each request reports the size b of its batch; a batch of b answers b requests, so the per-batch mean is the
+    # harmonic mean of what the requests saw.
+    batch_mean = float(len(batch) / np.sum(1.0 / batch)) if len(batch) else None
+    return ServerBreakdown(
+        source="headers",
+        requests=int(max(len(queue), len(handler), len(batch))),
+        queue=_distribution(queue),
+        handler=_distribution(handler),
+        batch_size_mean=batch_mean,
+    )
+
+
+def summarise(
+    spec: BenchSpec,
+    rec: Recording,
+    started_at: datetime,
+    metrics_breakdown: ServerBreakdown | None = None,
+    engine_warnings: list[str] | None = None,
+) -> BenchResult:
+    status = np.frombuffer(rec.status, dtype=np.int32)
+    ok = ((status >= 200) & (status < 300)) | (status == UNKNOWN)
+    errors: Counter[str] = Counter(rec.extra_errors)
+    for code, count in zip(*np.unique(status[~ok], return_counts=True), strict=True):
+        errors[_FAILURE_NAMES.get(int(code), str(int(code)))] += int(count)
+    # An engine without per-request statuses (ab) records every answer as UNKNOWN and counts failures apart.
+    succeeded = max(0, int(ok.sum()) - sum(rec.extra_errors.values()))
+    latency = summarise_latency(np.frombuffer(rec.latency_ms, dtype=np.float64)[ok])
+    server = header_breakdown(rec, ok) or metrics_breakdown
+    client = ClientUsage(
+        cpu_seconds=rec.cpu_seconds,
+        wall_seconds=rec.window_s,
+        cpu_percent=100.0 * rec.cpu_seconds / rec.window_s if rec.window_s > 0 else 0.0,
+    )
+    reasons: list[str] = []
+    warnings = list(engine_warnings or []) + rec.warnings
+    if rec.scheduled and rec.late_sends > LATE_LIMIT * rec.scheduled:
+        reasons.append(
+            f"the client fell behind its schedule: {rec.late_sends} of {rec.scheduled} sends "
+            f"({100.0 * rec.late_sends / rec.scheduled:.1f}%) left more than {LATE_MS:g} ms late "
+            f"(worst {rec.max_late_ms:.1f} ms)"
+        )
+    if client.bottleneck:
+        warnings.append(
+            f"the client used {client.cpu_percent:.0f}% of one core: the load generator, not the server, "
+            "may be the bottleneck"
+        )
+    if server is None and spec.metrics_url is None:
+        warnings.append("no server breakdown: no X-Servetune-* headers in the responses and no metrics URL given")
+    if not ok.any():
+        warnings.append("no request succeeded: latency figures are absent")
+    return BenchResult(
+        engine=spec.engine,
+        url=spec.url,
+        mode=spec.mode,
+        concurrency=spec.clients if spec.mode == "closed" else None,
+        rate=spec.rate,
+        arrival=spec.arrival if spec.mode == "open" else None,
+        started_at=started_at.isoformat(timespec="seconds"),
+        duration_s=rec.window_s,
+        sent=len(status),
+        succeeded=succeeded,
+        errors=dict(sorted(errors.items())),
+        throughput_rps=succeeded / rec.window_s if rec.window_s > 0 else 0.0,
+        latency=latency,
+        server=server,
+        client=client,
+        late_sends=rec.late_sends,
+        max_late_ms=rec.max_late_ms,
+        peak_in_flight=rec.peak_in_flight,
+        unreliable=bool(reasons),
+        reasons=reasons,
+        warnings=warnings,
+        input=str(spec.input) if spec.input is not None else None,
+        requests=spec.requests,
+        duration=spec.duration,
+        labels=dict(spec.labels),
+        latency_resolution_ms=rec.resolution_ms,
+        samples=rec,
+    )

@@ -1,0 +1,230 @@
+"""Reports of one run: result.json, ab_report.csv (TorchServe's columns first), report.md, samples.csv, a plot,
+and the terminal summary."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servetune.bench.result import BenchResult, Distribution
+
+# TorchServe's benchmarks/utils/reporting.py writes these, in this order, to ab_report.csv.
+TORCHSERVE_COLUMNS = (
+    "Benchmark", "TS failed requests", "TS throughput", "TS latency P50", "TS latency P90", "TS latency P99",
+    "TS latency mean", "TS error rate", "Batch size", "Batch delay", "Workers", "Model", "Concurrency", "Input",
+    "Requests", "Model_p50", "Model_p90", "Model_p99", "Queue time p50", "Queue time p90", "Queue time p99",
+    "predict_mean", "handler_time_mean", "waiting_time_mean", "worker_thread_mean", "cpu_percentage_mean",
+    "memory_percentage_mean", "gpu_percentage_mean", "gpu_memory_percentage_mean", "gpu_memory_used_mean",
+)  # fmt: skip
+
+
+def _r(value: float | None, digits: int = 3) -> float | str:
+    return "" if value is None else round(value, digits)
+
+
+def _dist(dist: Distribution | None, attr: str) -> float | str:
+    return "" if dist is None else _r(getattr(dist, attr))
+
+
+def csv_row(result: BenchResult) -> dict[str, Any]:
+    """One ab_report.csv row: every TorchServe column (blank where we measure nothing like it), then ours.
+
+    Times are ms, the error rate is a percentage, as in TorchServe. Model_p* and predict_mean are the handler
+    time (TorchServe's PredictionTime per batch, here per request); Queue time is the time before the batch left.
+    """
+    lat, srv, labels = result.latency, result.server, result.labels
+    queue, handler = (srv.queue, srv.handler) if srv else (None, None)
+    row: dict[str, Any] = dict.fromkeys(TORCHSERVE_COLUMNS, "")
+    row.update({
+        "Benchmark": "AB" if result.engine == "ab" else f"servetune {result.engine}",
+        "TS failed requests": result.failed,
+        "TS throughput": _r(result.throughput_rps, 2),
+        "TS latency P50": _r(lat.p50_ms) if lat else "",
+        "TS latency P90": _r(lat.p90_ms) if lat else "",
+        "TS latency P99": _r(lat.p99_ms) if lat else "",
+        "TS latency mean": _r(lat.mean_ms) if lat else "",
+        "TS error rate": _r(100.0 * result.error_rate, 4),
+        "Batch size": labels.get("batch_size", ""),
+        "Batch delay": labels.get("batch_delay", ""),
+        "Workers": labels.get("workers", ""),
+        "Model": labels.get("model", ""),
+        "Concurrency": result.concurrency if result.concurrency is not None else "",
+        "Input": result.input or "",
+        "Requests": result.sent,
+        "Model_p50": _dist(handler, "p50_ms"),
+        "Model_p90": _dist(handler, "p90_ms"),
+        "Model_p99": _dist(handler, "p99_ms"),
+        "Queue time p50": _dist(queue, "p50_ms"),
+        "Queue time p90": _dist(queue, "p90_ms"),
+        "Queue time p99": _dist(queue, "p99_ms"),
+        "predict_mean": _dist(handler, "mean_ms"),
+        "handler_time_mean": _dist(handler, "mean_ms"),
+        "waiting_time_mean": _dist(queue, "mean_ms"),
+    })  # fmt: skip
+    row.update({
+        "Engine": result.engine,
+        "Mode": result.mode,
+        "Rate": result.rate if result.rate is not None else "",
+        "Arrival": result.arrival or "",
+        "Duration s": _r(result.duration_s),
+        "Succeeded": result.succeeded,
+        "Errors": ";".join(f"{k}:{v}" for k, v in result.errors.items()),
+        "TS latency P95": _r(lat.p95_ms) if lat else "",
+        "TS latency P99.9": _r(lat.p999_ms) if lat else "",
+        "TS latency min": _r(lat.min_ms) if lat else "",
+        "TS latency max": _r(lat.max_ms) if lat else "",
+        "TS latency P99 CI low": _r(lat.p99_ci_low_ms) if lat else "",
+        "TS latency P99 CI high": _r(lat.p99_ci_high_ms) if lat else "",
+        "Samples at or above P99": lat.at_or_above_p99 if lat else "",
+        "Server breakdown": srv.source if srv else "",
+        "Server time mean": _dist(srv.total if srv else None, "mean_ms"),
+        "Mean batch size": _r(srv.batch_size_mean) if srv and srv.batch_size_mean is not None else "",
+        "Client CPU %": _r(result.client.cpu_percent, 1),
+        "Late sends": result.late_sends,
+        "Unreliable": "; ".join(result.reasons),
+        "Started": result.started_at,
+    })  # fmt: skip
+    return row
+
+
+def markdown(result: BenchResult) -> str:
+    """A short human report."""
+    lat, srv = result.latency, result.server
+    load = f"concurrency {result.concurrency}" if result.mode == "closed" else f"{result.rate:g} req/s {result.arrival}"
+    lines = [
+        f"# Load run: {result.url}",
+        "",
+        f"{result.engine} engine, {result.mode} loop ({load}), "
+        f"{result.sent} requests in {result.duration_s:.2f} s, started {result.started_at}.",
+        "",
+    ]
+    if result.unreliable:
+        lines += [f"**Unreliable:** {reason}" for reason in result.reasons] + [""]
+    lines += [
+        "| measure | value |",
+        "|---|---|",
+        f"| throughput | {result.throughput_rps:.2f} req/s |",
+        f"| errors | {result.failed} ({100 * result.error_rate:.2f}%) {_errors(result)} |",
+    ]
+    if lat:
+        ci = (
+            f"{lat.p99_ci_low_ms:.2f}–{lat.p99_ci_high_ms:.2f} ms"
+            if lat.p99_ci_low_ms is not None and lat.p99_ci_high_ms is not None
+            else "too few samples"
+        )
+        lines += [
+            f"| latency mean / min / max | {lat.mean_ms:.2f} / {lat.min_ms:.2f} / {lat.max_ms:.2f} ms |",
+            f"| P50 / P90 / P95 | {lat.p50_ms:.2f} / {lat.p90_ms:.2f} / {lat.p95_ms:.2f} ms |",
+            f"| P99 / P99.9 | {lat.p99_ms:.2f} / {lat.p999_ms:.2f} ms |",
+            f"| P99 {lat.ci_confidence:.0%} CI | {ci} ({lat.at_or_above_p99} samples at or above P99) |",
+        ]
+    if srv:
+        for name, dist in (("server queue", srv.queue), ("server handler", srv.handler), ("server total", srv.total)):
+            if dist:
+                lines.append(f"| {name} ({srv.source}) | {_describe(dist)} |")
+        if srv.batch_size_mean is not None:
+            lines.append(f"| mean batch size | {srv.batch_size_mean:.2f} |")
+    lines.append(f"| client CPU | {result.client.cpu_percent:.0f}% of one core |")
+    if result.mode == "open":
+        late = f"{result.late_sends} of {result.sent} (worst {result.max_late_ms:.1f} ms)"
+        lines.append(f"| late sends (> 1 ms) | {late} |")
+    if result.warnings:
+        lines += ["", "Warnings:", ""] + [f"- {w}" for w in result.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _errors(result: BenchResult) -> str:
+    return "(" + ", ".join(f"{k}: {v}" for k, v in result.errors.items()) + ")" if result.errors else ""
+
+
+def _describe(dist: Distribution) -> str:
+    text = f"mean {dist.mean_ms:.2f} ms"
+    if dist.p50_ms is not None and dist.p99_ms is not None:
+        text += f", P50 {dist.p50_ms:.2f}, P99 {dist.p99_ms:.2f} ms"
+    return text
+
+
+def write_samples(result: BenchResult, path: Path) -> None:
+    rec = result.samples
+    if rec is None:
+        return
+    columns = (rec.start_s, rec.latency_ms, rec.status, rec.queue_ms, rec.handler_ms, rec.batch_size)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("start_s", "latency_ms", "status", "queue_ms", "handler_ms", "batch_size"))
+        for start, latency, status, queue, handler, batch in zip(*columns, strict=True):
+            writer.writerow(
+                (
+                    f"{start:.6f}",
+                    f"{latency:.3f}",
+                    status,
+                    "" if np.isnan(queue) else f"{queue:.3f}",
+                    "" if np.isnan(handler) else f"{handler:.3f}",
+                    batch or "",
+                )
+            )
+
+
+def write_report(result: BenchResult, out_dir: Path) -> list[Path]:
+    """Write result.json, ab_report.csv, report.md, samples.csv and latency.png (when matplotlib is installed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "result.json", out_dir / "ab_report.csv", out_dir / "report.md"]
+    written[0].write_text(result.to_json() + "\n")
+    row = csv_row(result)
+    with written[1].open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    written[2].write_text(markdown(result))
+    if result.samples is not None:
+        write_samples(result, out_dir / "samples.csv")
+        written.append(out_dir / "samples.csv")
+        from servetune.bench.plot import plot_latency
+
+        png = plot_latency(result, out_dir / "latency.png")
+        if png is not None:
+            written.append(png)
+    return written
+
+
+def print_summary(result: BenchResult, console: Any = None) -> None:
+    """The terminal summary (rich): the same figures as report.md."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    lat, srv = result.latency, result.server
+    load = f"concurrency {result.concurrency}" if result.mode == "closed" else f"{result.rate:g} req/s {result.arrival}"
+    table = Table(title=f"{result.url}  ({result.engine}, {result.mode} loop, {load})", show_header=False)
+    table.add_column("measure", style="bold")
+    table.add_column("value")
+    table.add_row("requests", f"{result.sent} in {result.duration_s:.2f} s")
+    table.add_row("throughput", f"{result.throughput_rps:.2f} req/s")
+    table.add_row("errors", f"{result.failed} ({100 * result.error_rate:.2f}%) {_errors(result)}")
+    if lat:
+        ci = (
+            f"[{lat.p99_ci_low_ms:.2f}, {lat.p99_ci_high_ms:.2f}]"
+            if lat.p99_ci_low_ms is not None and lat.p99_ci_high_ms is not None
+            else "n/a (too few samples)"
+        )
+        table.add_row("latency mean/min/max", f"{lat.mean_ms:.2f} / {lat.min_ms:.2f} / {lat.max_ms:.2f} ms")
+        table.add_row("P50 / P90 / P95", f"{lat.p50_ms:.2f} / {lat.p90_ms:.2f} / {lat.p95_ms:.2f} ms")
+        table.add_row("P99 / P99.9", f"{lat.p99_ms:.2f} / {lat.p999_ms:.2f} ms")
+        table.add_row(f"P99 {lat.ci_confidence:.0%} CI", f"{ci} ms, {lat.at_or_above_p99} samples >= P99")
+    if srv:
+        for name, dist in (("server queue", srv.queue), ("server handler", srv.handler), ("server total", srv.total)):
+            if dist:
+                table.add_row(f"{name} ({srv.source})", _describe(dist))
+        if srv.batch_size_mean is not None:
+            table.add_row("mean batch size", f"{srv.batch_size_mean:.2f}")
+    table.add_row("client CPU", f"{result.client.cpu_percent:.0f}% of one core")
+    if result.mode == "open":
+        table.add_row("late sends (> 1 ms)", f"{result.late_sends} (worst {result.max_late_ms:.1f} ms)")
+    console.print(table)
+    for reason in result.reasons:
+        console.print(f"[bold red]unreliable:[/] {reason}")
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")

@@ -1,0 +1,159 @@
+"""The result of one load run: what the tuner reads, what reports render, what result.json holds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from servetune.bench.recording import Recording
+
+# Share of one core above which the client, not the server, may be what limits the run.
+CLIENT_BOTTLENECK_PERCENT = 85.0
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Latency of the measured successful requests, in ms, from the exact sample set.
+
+    ``at_or_above_p99`` counts the samples >= P99; ``p99_ci_*`` is a distribution-free confidence interval for the
+    true P99 (``None`` when there are too few samples for one: at 95% that needs about 370).
+    """
+
+    count: int
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    p999_ms: float
+    at_or_above_p99: int
+    p99_ci_low_ms: float | None = None
+    p99_ci_high_ms: float | None = None
+    ci_confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Mean and percentiles (ms) of one server-side component; percentiles are None when only a mean is known."""
+
+    mean_ms: float
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class ServerBreakdown:
+    """Where the time went inside the server.
+
+    ``source`` is ``"headers"`` (per request, from X-Servetune-* response headers) or ``"metrics"`` (deltas of the
+    server's /metrics across the measured run; other traffic to the same model is counted too).
+    ``batch_size_mean`` is the mean size of the batches the measured requests ran in (averaged per batch).
+    ``total`` is the server's own receive-to-response time, when the source reports it.
+    """
+
+    source: str
+    requests: int
+    queue: Distribution | None = None
+    handler: Distribution | None = None
+    total: Distribution | None = None
+    batch_size_mean: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientUsage:
+    """CPU the load generator itself used during the measured run (``cpu_percent`` is of one core)."""
+
+    cpu_seconds: float
+    wall_seconds: float
+    cpu_percent: float
+
+    @property
+    def bottleneck(self) -> bool:
+        return self.cpu_percent > CLIENT_BOTTLENECK_PERCENT
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Everything one run measured. Counts and figures cover the measured requests only (never the warm-up)."""
+
+    engine: str
+    url: str
+    mode: str
+    concurrency: int | None
+    rate: float | None
+    arrival: str | None
+    started_at: str
+    duration_s: float
+    sent: int
+    succeeded: int
+    errors: dict[str, int]
+    throughput_rps: float
+    latency: LatencySummary | None
+    server: ServerBreakdown | None
+    client: ClientUsage
+    late_sends: int = 0
+    max_late_ms: float = 0.0
+    peak_in_flight: int = 0
+    unreliable: bool = False
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    input: str | None = None
+    requests: int | None = None
+    duration: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    latency_resolution_ms: float | None = None
+    # The per-request samples behind the figures (for plots and samples.csv); kept in memory, not serialised.
+    samples: Recording | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def error_rate(self) -> float:
+        """Failed requests as a fraction of measured requests sent (0..1)."""
+        return self.failed / self.sent if self.sent else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "samples":
+                if is_dataclass(value) and not isinstance(value, type):
+                    value = asdict(value)
+                elif isinstance(value, (dict, list)):
+                    value = value.copy()
+                data[f.name] = value
+        data["error_rate"] = self.error_rate
+        data["client"]["bottleneck"] = self.client.bottleneck
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchResult:
+        data = dict(data)
+        data.pop("error_rate", None)
+        client = dict(data["client"])
+        client.pop("bottleneck", None)
+        data["client"] = ClientUsage(**client)
+        if data.get("latency") is not None:
+            data["latency"] = LatencySummary(**data["latency"])
+        if data.get("server") is not None:
+            server = dict(data["server"])
+            for key in ("queue", "handler", "total"):
+                if server.get(key) is not None:
+                    server[key] = Distribution(**server[key])
+            data["server"] = ServerBreakdown(**server)
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchResult:
+        loaded: dict[str, Any] = json.loads(text)
+        return cls.from_dict(loaded)

@@ -1,0 +1,117 @@
+"""What one load run is asked to do: the target, the load shape, the input. Validated once, here."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from servetune._exceptions import ConfigError
+
+Arrival = Literal["constant", "poisson"]
+Mode = Literal["closed", "open"]
+
+_WARMUP = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|sec|seconds?|r|req|requests?)?\s*$", re.IGNORECASE)
+_MODEL_PATH = re.compile(r"^/(?:predictions|explanations)/([^/]+)")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """One load run.
+
+    Closed loop (``rate is None``): ``concurrency`` clients (default 1) each send a request as soon as their previous
+    one is answered, for ``requests`` requests and/or ``duration`` seconds, whichever ends first.
+    Open loop (``rate`` set): requests leave on a fixed schedule (``arrival`` constant or Poisson) for ``duration``
+    seconds and/or ``requests`` requests; latency is timed from each request's intended send time.
+    Warm-up (``warmup_requests`` or ``warmup_seconds``) runs first and is excluded from every figure.
+    """
+
+    url: str
+    input: Path | None = None
+    content_type: str | None = None
+    form_field: str | None = None
+    method: str = "POST"
+    headers: tuple[tuple[str, str], ...] = ()
+    concurrency: int | None = None
+    rate: float | None = None
+    arrival: Arrival = "constant"
+    requests: int | None = None
+    duration: float | None = None
+    warmup_requests: int = 0
+    warmup_seconds: float = 0.0
+    timeout: float = 60.0
+    engine: str = "async"
+    metrics_url: str | None = None
+    management_url: str | None = None
+    max_connections: int = 1024
+    seed: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"url={self.url!r}: expected http://HOST:PORT/PATH")
+        for key in ("metrics_url", "management_url"):
+            value = getattr(self, key)
+            if value is not None and urlsplit(value).scheme not in ("http", "https"):
+                raise ConfigError(f"{key}={value!r}: expected http://HOST:PORT")
+        if self.concurrency is not None and self.rate is not None:
+            raise ConfigError(f"concurrency={self.concurrency} and rate={self.rate}: give one (closed or open loop)")
+        _positive("concurrency", self.concurrency, integer=True)
+        _positive("rate", self.rate)
+        _positive("requests", self.requests, integer=True)
+        _positive("duration", self.duration)
+        _positive("timeout", self.timeout)
+        _positive("max_connections", self.max_connections, integer=True)
+        if self.requests is None and self.duration is None:
+            raise ConfigError("requests=None and duration=None: give a number of requests or a duration in seconds")
+        if self.arrival not in ("constant", "poisson"):
+            raise ConfigError(f"arrival={self.arrival!r}: expected 'constant' or 'poisson'")
+        if self.warmup_requests < 0 or isinstance(self.warmup_requests, bool):
+            raise ConfigError(f"warmup_requests={self.warmup_requests!r}: expected an integer >= 0")
+        if not (self.warmup_seconds >= 0 and math.isfinite(self.warmup_seconds)):
+            raise ConfigError(f"warmup_seconds={self.warmup_seconds!r}: expected seconds >= 0")
+        if self.warmup_requests and self.warmup_seconds:
+            raise ConfigError("warmup_requests and warmup_seconds are both set: give one")
+        if self.method.upper() not in ("POST", "PUT", "GET"):
+            raise ConfigError(f"method={self.method!r}: expected POST, PUT or GET")
+
+    @property
+    def mode(self) -> Mode:
+        return "closed" if self.rate is None else "open"
+
+    @property
+    def clients(self) -> int:
+        """Closed-loop concurrency (1 when not given)."""
+        return self.concurrency or 1
+
+    @property
+    def model(self) -> str | None:
+        """The model name when the URL is a TorchServe prediction URL (``/predictions/{model}[/{version}]``)."""
+        match = _MODEL_PATH.match(urlsplit(self.url).path)
+        return match.group(1) if match else None
+
+
+def parse_warmup(value: str) -> tuple[int, float]:
+    """``"100"`` -> 100 requests; ``"5s"`` -> 5 seconds. Returns ``(warmup_requests, warmup_seconds)``."""
+    match = _WARMUP.match(value)
+    if match is None:
+        raise ConfigError(f"warmup={value!r}: expected a number of requests (100) or seconds (5s)")
+    number, unit = match.group(1), (match.group(2) or "r").lower()
+    if unit.startswith("s"):
+        return 0, float(number)
+    if "." in number:
+        raise ConfigError(f"warmup={value!r}: a number of requests must be a whole number")
+    return int(number), 0.0
+
+
+def _positive(key: str, value: float | None, integer: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"{key}={value!r}: expected a whole number > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{key}={value!r}: expected a number > 0")

@@ -1,0 +1,84 @@
+"""Per-model settings: TorchServe's ``model-config.yaml`` keys and the register API's parameters.
+
+Precedence (TorchServe's): ``models=`` JSON in config.properties < model-config.yaml in the archive
+< management API parameters. Keys the frontend does not know reach the handler as ``model_yaml_config``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from servetune._exceptions import ConfigError
+
+DEFAULT_BATCH_SIZE = 1
+DEFAULT_MAX_BATCH_DELAY_MS = 100
+
+# model-config.yaml key -> (ModelConfig field, type, minimum)
+_YAML_KEYS: dict[str, tuple[str, type, int]] = {
+    "minWorkers": ("min_workers", int, 0),
+    "maxWorkers": ("max_workers", int, 0),
+    "batchSize": ("batch_size", int, 1),
+    "maxBatchDelay": ("max_batch_delay_ms", int, 0),
+    "responseTimeout": ("response_timeout_s", int, 1),
+    "startupTimeout": ("startup_timeout_s", int, 1),
+    "jobQueueSize": ("job_queue_size", int, 1),
+    "numThreads": ("num_threads", int, 0),
+    "clientTimeoutInMills": ("client_timeout_ms", int, 0),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Settings of one model version. ``None`` means "use the server default"."""
+
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS
+    min_workers: int | None = None
+    max_workers: int | None = None
+    response_timeout_s: int | None = None
+    startup_timeout_s: int | None = None
+    job_queue_size: int | None = None
+    device_type: str | None = None  # "cpu" | "gpu"
+    device_ids: tuple[int, ...] = ()
+    num_threads: int = 0  # 0: physical cores // total workers
+    client_timeout_ms: int = 0
+    handler_config: Mapping[str, Any] = field(default_factory=dict)  # the whole YAML, as the handler sees it
+
+    def merged(self, other: Mapping[str, Any], *, source: str) -> ModelConfig:
+        """Return a copy with the model-config.yaml style keys of ``other`` applied on top."""
+        changes: dict[str, Any] = {}
+        for key, value in other.items():
+            if key in _YAML_KEYS:
+                name, kind, minimum = _YAML_KEYS[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                    raise ConfigError(f"{source}: {key}={value!r}: expected an integer >= {minimum}")
+                changes[name] = value
+            elif key == "deviceType":
+                if value not in ("cpu", "gpu"):
+                    raise ConfigError(f"{source}: deviceType={value!r}: expected 'cpu' or 'gpu'")
+                changes["device_type"] = value
+            elif key == "deviceIds":
+                if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
+                    raise ConfigError(f"{source}: deviceIds={value!r}: expected a list of GPU indices")
+                changes["device_ids"] = tuple(value)
+        handler_config = {**self.handler_config, **other}
+        merged = replace(self, handler_config=handler_config, **changes)
+        if (
+            merged.min_workers is not None
+            and merged.max_workers is not None
+            and merged.max_workers < merged.min_workers
+        ):
+            raise ConfigError(f"{source}: maxWorkers={merged.max_workers} is less than minWorkers={merged.min_workers}")
+        return merged
+
+    def with_api_params(self, **params: Any) -> ModelConfig:
+        """Apply management API parameters (already type-checked by the API layer); None leaves a value."""
+        return replace(self, **{k: v for k, v in params.items() if v is not None})
+
+
+def models_json_entry(entry: Mapping[str, Any], *, source: str) -> ModelConfig:
+    """Read one version entry of config.properties' ``models=`` JSON (same camelCase keys as the YAML)."""
+    known = {k: v for k, v in entry.items() if k in _YAML_KEYS or k in ("deviceType", "deviceIds")}
+    return ModelConfig().merged(known, source=source)

@@ -1,0 +1,253 @@
+"""Server settings: TorchServe's ``config.properties`` keys, typed and validated once.
+
+Precedence, one rule for every key (see docs/configuration.md):
+    CLI flags > environment (``TS_<KEY>``, read only when ``enable_envvars_config=true``) > config file > defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from servetune._exceptions import ConfigError
+from servetune.config.properties import read_properties
+
+log = logging.getLogger("servetune.config")
+
+_ADDRESS = re.compile(r"^(https?)://(\[[^\]]+\]|[^:/]+)(?::(\d+))?/?$", re.IGNORECASE)
+
+# Keys TorchServe reads that servetune accepts but does not act on: logged once at start, never silently dropped.
+_ACCEPTED_NOT_USED = frozenset(
+    {
+        "number_of_netty_threads",
+        "netty_client_threads",
+        "vmargs",
+        "async_logging",
+        "prefer_direct_buffer",
+        "use_native_io",
+        "io_ratio",
+        "initial_worker_port",
+        "initial_distribution_port",
+        "metrics_mode",
+        "metrics_config",
+        "metric_time_interval",
+        "model_metrics_auto_detect",
+        "disable_system_metrics",
+        "system_metrics_cmd",
+        "install_py_dep_per_model",
+        "workflow_store",
+        "grpc_inference_address",
+        "grpc_management_address",
+        "grpc_inference_port",
+        "grpc_management_port",
+        "enable_grpc_ssl",
+        "model_snapshot",
+        "cpu_launcher_enable",
+        "cpu_launcher_args",
+        "ipex_enable",
+        "ipex_gpu_enable",
+        "model_server_home",
+        "debug",
+        "unregister_model_timeout",
+        "use_env_allowed_urls",
+        "ts_open_inference_protocol",
+        "decode_input_request",
+        "service_envelope",
+        "default_service_handler",
+        "blacklist_env_vars",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Address:
+    """A bound HTTP address; port 0 asks the OS for a free port."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, key: str, value: str) -> Address:
+        match = _ADDRESS.match(value.strip())
+        if match is None:
+            raise ConfigError(f"{key}={value!r}: expected http://HOST:PORT")
+        scheme, host, port = match.group(1).lower(), match.group(2).strip("[]"), match.group(3)
+        if scheme == "https":
+            raise ConfigError(f"{key}={value!r}: https is not supported yet; terminate TLS in a proxy")
+        port_num = int(port) if port else 80
+        if not 0 <= port_num <= 65535:
+            raise ConfigError(f"{key}={value!r}: port must be 0..65535")
+        return cls(scheme, host, port_num)
+
+    def url(self, port: int | None = None) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port if port is None else port}"
+
+
+def _bool(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no", ""):
+        return False
+    raise ConfigError(f"{key}={value!r}: expected true or false")
+
+
+def _int(key: str, value: str, minimum: int = 0) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ConfigError(f"{key}={value!r}: expected an integer") from None
+    if number < minimum:
+        raise ConfigError(f"{key}={value!r}: must be >= {minimum}")
+    return number
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Every server-wide setting. Build with :meth:`load`; construct directly in code and tests."""
+
+    inference_address: Address = Address("http", "127.0.0.1", 8080)
+    management_address: Address = Address("http", "127.0.0.1", 8081)
+    metrics_address: Address = Address("http", "127.0.0.1", 8082)
+    model_store: Path | None = None
+    load_models: tuple[str, ...] = ()
+    models: Mapping[str, Any] = field(default_factory=dict)
+    default_workers_per_model: int = 0
+    number_of_gpu: int | None = None
+    job_queue_size: int = 100
+    max_request_size: int = 6553500
+    max_response_size: int = 6553500
+    default_response_timeout: int = 120
+    default_startup_timeout: int = 120
+    enable_model_api: bool = False
+    enable_metrics_api: bool = True
+    disable_token_authorization: bool = False
+    inference_token_authorization: bool = False
+    open_ping: bool = False
+    token_expiration_min: int = 60
+    key_file: Path = Path("key_file.json")
+    allowed_urls: tuple[str, ...] = ()
+    threads_per_worker: int = 0
+    limit_max_image_pixels: bool = True
+    cors_allowed_origin: str = ""
+    shutdown_grace_period: float = 30.0
+
+    @classmethod
+    def load(
+        cls,
+        config_file: Path | None = None,
+        *,
+        cli: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> ServerConfig:
+        """Merge defaults < file < environment (only if enabled) < CLI, then validate."""
+        environ = os.environ if environ is None else environ
+        if config_file is None and environ.get("TS_CONFIG_FILE"):
+            config_file = Path(environ["TS_CONFIG_FILE"])
+        raw: dict[str, str] = dict(read_properties(config_file)) if config_file is not None else {}
+        env_enabled = _bool("enable_envvars_config", environ.get("TS_ENABLE_ENVVARS_CONFIG", "false")) or _bool(
+            "enable_envvars_config", raw.get("enable_envvars_config", "false")
+        )
+        if env_enabled:
+            for key in _known_keys():
+                env_key = f"TS_{key.upper()}"
+                if env_key in environ:
+                    raw[key] = environ[env_key]
+        raw.update(cli or {})
+        return cls.from_properties(raw)
+
+    @classmethod
+    def from_properties(cls, raw: Mapping[str, str]) -> ServerConfig:
+        """Validate raw key/value strings. Relative paths are relative to the working directory, as in TorchServe."""
+        values: dict[str, Any] = {}
+        ignored: list[str] = []
+        for key, value in raw.items():
+            if key in ("inference_address", "management_address", "metrics_address"):
+                values[key] = Address.parse(key, value)
+            elif key == "model_store":
+                values[key] = Path(value).expanduser().absolute()
+            elif key == "load_models":
+                values[key] = tuple(part.strip() for part in value.split(",") if part.strip())
+            elif key == "models":
+                values[key] = _parse_models_json(value)
+            elif key == "allowed_urls":
+                values[key] = tuple(part for part in (p.strip() for p in value.split(",")) if part)
+            elif key == "number_of_gpu":
+                values[key] = _int(key, value)
+            elif key in ("key_file",):
+                values[key] = Path(value)
+            elif key == "cors_allowed_origin":
+                values[key] = value
+            elif key == "shutdown_grace_period":
+                try:
+                    values[key] = float(value)
+                except ValueError:
+                    raise ConfigError(f"{key}={value!r}: expected seconds") from None
+            elif key in _INT_KEYS:
+                values[key] = _int(key, value, minimum=_INT_KEYS[key])
+            elif key in _BOOL_KEYS:
+                values[key] = _bool(key, value)
+            elif key in _ACCEPTED_NOT_USED or key in ("enable_envvars_config",):
+                if key != "enable_envvars_config":
+                    ignored.append(key)
+            else:
+                ignored.append(key)
+        if ignored:
+            log.warning("config keys accepted but not used by servetune: %s", ", ".join(sorted(ignored)))
+        for pattern in values.get("allowed_urls", ()):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"allowed_urls: {pattern!r} is not a valid regular expression: {exc}") from None
+        return cls(**values)
+
+    def with_overrides(self, **changes: Any) -> ServerConfig:
+        return replace(self, **changes)
+
+    @property
+    def token_auth(self) -> bool:
+        return not self.disable_token_authorization
+
+
+_INT_KEYS = {
+    "default_workers_per_model": 0,
+    "job_queue_size": 1,
+    "max_request_size": 1,
+    "max_response_size": 1,
+    "default_response_timeout": 1,
+    "default_startup_timeout": 1,
+    "token_expiration_min": 1,
+    "threads_per_worker": 0,
+}
+_BOOL_KEYS = frozenset(
+    {
+        "enable_model_api",
+        "enable_metrics_api",
+        "disable_token_authorization",
+        "inference_token_authorization",
+        "open_ping",
+        "limit_max_image_pixels",
+    }
+)
+
+
+def _known_keys() -> list[str]:
+    return [f.name for f in fields(ServerConfig)] + sorted(_ACCEPTED_NOT_USED)
+
+
+def _parse_models_json(value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"models={value[:80]!r}: not valid JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise ConfigError('models: expected {"<name>": {"<version>": {...}}}')
+    return parsed

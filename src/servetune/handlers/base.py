@@ -1,0 +1,255 @@
+"""``BaseHandler``: TorchServe's default handler contract (``ts.torch_handler.base_handler``).
+
+``initialize`` picks the device, loads the model named by the manifest into ``self.model`` and the
+optional ``index_to_name.json`` into ``self.mapping``; ``handle`` runs preprocess -> inference ->
+postprocess. Bad inputs: ``preprocess_each`` calls ``preprocess_item`` per request and sets aside the
+ones raising ``BadInputError``; the model runs on the rest and ``handle`` answers each rejected request
+400 with its message (see docs/handlers.md).
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from servetune.handlers.codec import error_body
+from servetune.handlers.context import Context
+from servetune.handlers.metrics import timed
+from servetune.handlers.util import (
+    BadInputError,
+    PredictionException,
+    list_classes_from_module,
+    load_label_mapping,
+    request_input,
+)
+
+__all__ = ["BaseHandler"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe's (instantiable as "base_handler")
+    """Loads eager (state_dict + model file), TorchScript, torch.export or ONNX models and serves them."""
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.mapping: dict[str, str] | None = None
+        self.device: torch.device | None = None
+        self.initialized = False
+        self.context: Context | None = None
+        self.model_pt_path: str | None = None
+        self.manifest: dict[str, Any] | None = None
+        self.map_location: str | None = None
+        self.explain = False
+        self.target = 0
+        self.profiler_args: dict[str, Any] = {}
+        self.model_yaml_config: dict[str, Any] = {}
+        #: batch index -> message, for the requests of the current batch that preprocess rejected
+        self.bad_inputs: dict[int, str] = {}
+
+    # -- loading ---------------------------------------------------------------------------------------------
+
+    def initialize(self, context: Context) -> None:
+        """Load the model and label mapping; the device is ``cuda:<gpu_id>`` when given and available, else CPU."""
+        self.context = context
+        self.model_yaml_config = context.model_yaml_config or {}
+        properties = context.system_properties
+        gpu_id = properties.get("gpu_id")
+        if gpu_id is not None and torch.cuda.is_available():
+            self.map_location = "cuda"
+            self.device = torch.device(f"cuda:{gpu_id}")
+        elif gpu_id is not None and torch.backends.mps.is_available():
+            self.map_location = "mps"
+            self.device = torch.device("mps")
+        else:
+            self.map_location = "cpu"
+            self.device = torch.device("cpu")
+        # Thread counts are the worker's business (torch.set_num_threads before loading); never changed here.
+        self.manifest = context.manifest
+        model_dir = Path(properties["model_dir"])
+        model_info = (self.manifest or {}).get("model") or {}
+        serialized = model_info.get("serializedFile")
+        self.model_pt_path = str(model_dir / serialized) if serialized else None
+        self.model = self._load_model(model_dir, model_info.get("modelFile") or "", self.model_pt_path)
+        self.mapping = load_label_mapping(model_dir / "index_to_name.json")
+        self.initialized = True
+        self._apply_optimization()
+
+    def _load_model(self, model_dir: Path, model_file: str, model_pt_path: str | None) -> Any:
+        if model_file:
+            model = self._load_pickled_model(str(model_dir), model_file, model_pt_path)
+            return model.to(self.device).eval()
+        if model_pt_path is None:
+            raise RuntimeError("No model weights could be loaded: the manifest has no serializedFile and no modelFile")
+        suffix = Path(model_pt_path).suffix
+        if suffix == ".pt":
+            return self._load_torchscript_model(model_pt_path).eval()
+        if suffix == ".pt2":
+            return self._load_exported_program(model_pt_path)
+        if suffix == ".onnx":
+            from servetune.handlers.onnx import OnnxModel  # onnxruntime is an optional extra
+
+            return OnnxModel(model_pt_path, self.device or torch.device("cpu"))
+        raise RuntimeError(
+            f"No model weights could be loaded from {Path(model_pt_path).name}: without a modelFile the "
+            "serializedFile must be TorchScript (.pt), torch.export (.pt2) or ONNX (.onnx)"
+        )
+
+    def _load_torchscript_model(self, model_pt_path: str) -> Any:
+        with warnings.catch_warnings():
+            # torch 2.9+ deprecates TorchScript, but .mar archives are full of it
+            warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.jit")
+            return torch.jit.load(model_pt_path, map_location=self.device)  # type: ignore[no-untyped-call]
+
+    def _load_exported_program(self, model_pt_path: str) -> Any:
+        return torch.export.load(model_pt_path).module().to(self.device)
+
+    def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> torch.nn.Module:
+        """Instantiate the one ``nn.Module`` class of ``model_file`` and load its state_dict.
+
+        ``torch.load(..., weights_only=True)`` unless model-config.yaml says ``weights_only: false``.
+        """
+        if not (Path(model_dir) / model_file).is_file():
+            raise RuntimeError(f"Missing the model file {model_file!r} in {model_dir}")
+        module = importlib.import_module(Path(model_file).name.split(".")[0])
+        classes = list_classes_from_module(module, torch.nn.Module)
+        if len(classes) != 1:
+            names = ", ".join(c.__name__ for c in classes) or "none"
+            raise ValueError(f"Expected only one nn.Module class as model definition in {model_file}; found: {names}")
+        model: torch.nn.Module = classes[0]()
+        if model_pt_path:
+            weights_only = self.model_yaml_config.get("weights_only", True) is not False
+            loaded = torch.load(model_pt_path, map_location=self.device, weights_only=weights_only)
+            if isinstance(loaded, torch.nn.Module):  # a whole pickled model (only with weights_only: false)
+                return loaded
+            model.load_state_dict(loaded)
+        return model
+
+    def _apply_optimization(self) -> None:  # noqa: B027 - a hook, deliberately empty
+        """Hook run at the end of ``initialize``: model variants (``model_yaml_config["optimization"]``) go here."""
+
+    # -- serving ---------------------------------------------------------------------------------------------
+
+    def preprocess_each(self, data: list[Any], preprocess_item: Callable[[Any], T]) -> list[T]:
+        """``preprocess_item`` for every request; those raising ``BadInputError`` are set aside, the rest returned."""
+        accepted: list[T] = []
+        for idx, row in enumerate(data):
+            try:
+                accepted.append(preprocess_item(row))
+            except BadInputError as exc:
+                self.reject_input(idx, exc.message)
+        return accepted
+
+    def reject_input(self, idx: int, message: str) -> None:
+        """Answer request ``idx`` of this batch 400 with ``message``; the model runs without it."""
+        request_id = self.context.get_request_id(idx) if self.context is not None else None
+        self.bad_inputs[idx] = f"request {request_id if request_id is not None else idx}: {message}"
+
+    def preprocess_item(self, row: Any) -> torch.Tensor:
+        """One request's input (``data`` or ``body``: a JSON array of numbers) as a tensor."""
+        value = request_input(row)
+        if value is None or isinstance(value, (bytes, bytearray, str, dict)):
+            raise BadInputError(f"body must be a JSON array of numbers, got {_describe(value)}")
+        try:
+            return torch.as_tensor(value, device=self.device)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise BadInputError(f"body is not an array of numbers ({exc})") from exc
+
+    @timed
+    def preprocess(self, data: list[Any]) -> Any:
+        """The batch as one tensor. Request dicts go through ``preprocess_each``; anything else ``torch.as_tensor``."""
+        if data and all(isinstance(row, dict) for row in data):
+            tensors = self.preprocess_each(data, self.preprocess_item)
+            return torch.stack(tensors) if tensors else None
+        return torch.as_tensor(data, device=self.device)
+
+    @timed
+    def inference(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode():
+            marshalled = data.to(self.device) if isinstance(data, torch.Tensor) else data
+            return self.model(marshalled, *args, **kwargs)
+
+    @timed
+    def postprocess(self, data: Any) -> Any:
+        return data.tolist()
+
+    def handle(self, data: list[Any], context: Context) -> Any:
+        """preprocess -> inference -> postprocess (or describe / explain), with per-request bad-input answers."""
+        start = time.perf_counter()
+        self.context = context
+        self.bad_inputs = {}
+        if self._is_describe():
+            output: Any = [self.describe_handle()]
+        else:
+            data_preprocess = self.preprocess(data)
+            if self.bad_inputs and len(self.bad_inputs) >= len(data):
+                output = []
+            elif self._is_explain():
+                output = self.explain_handle(data_preprocess, data)
+            else:
+                output = self.postprocess(self.inference(data_preprocess))
+            if self.bad_inputs:
+                output = self._merge_rejected(output, len(data))
+        context.metrics.add_time("HandlerTime", round((time.perf_counter() - start) * 1000.0, 2), None, "ms")
+        return output
+
+    def _merge_rejected(self, output: Any, batch_size: int) -> Any:
+        if not isinstance(output, list) or len(output) != batch_size - len(self.bad_inputs):
+            return output  # the worker reports the length mismatch
+        results = iter(output)
+        merged: list[Any] = []
+        for idx in range(batch_size):
+            message = self.bad_inputs.get(idx)
+            if message is None:
+                merged.append(next(results))
+                continue
+            assert self.context is not None
+            self.context.set_response_status(400, "Bad Request", idx)
+            self.context.set_response_content_type(idx, "application/json")
+            merged.append(error_body(400, "BadRequestException", message))
+        return merged
+
+    def explain_handle(self, data_preprocess: Any, raw_data: list[Any]) -> Any:
+        row = raw_data[0]
+        inputs, target = None, 0
+        if isinstance(row, dict):
+            inputs = row.get("data") or row.get("body")
+            target = row.get("target") or 0
+        return self.get_insights(data_preprocess, inputs, target)
+
+    def get_insights(self, tensor_data: Any, raw_data: Any, target: Any = 0) -> Any:
+        raise PredictionException(f"{type(self).__name__} does not provide explanations", 501)
+
+    def _is_explain(self) -> bool:
+        if self.context is not None and self.context.get_request_header(0, "explain") == "True":
+            self.explain = True
+            return True
+        return False
+
+    def _is_describe(self) -> bool:
+        return self.context is not None and self.context.get_request_header(0, "describe") == "True"
+
+    def describe_handle(self) -> Any:
+        """Customised model metadata for the describe API; None by default."""
+        return None
+
+    def get_device(self) -> torch.device | None:
+        return self.device
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "no 'data' or 'body' input"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{len(value)} raw bytes" if value else "an empty body"
+    return f"a JSON {type(value).__name__}" if isinstance(value, dict) else f"a {type(value).__name__}"

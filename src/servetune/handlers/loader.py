@@ -1,0 +1,100 @@
+"""Find a model's handler from the manifest's ``model.handler`` string, as TorchServe's ``ts/model_loader.py``.
+
+The string is ``file.py``, ``module``, ``module:function`` or a built-in name. A module found in the model
+directory (or importable) wins over a built-in of the same name, like TorchServe. The entry point is the
+module's ``handle(data, context)`` function (initialised by ``handle(None, context)``) or, failing that,
+the module's one class, instantiated, with ``initialize(context)`` and ``handle(data, context)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from servetune._exceptions import HandlerError
+from servetune.handlers.context import Context
+from servetune.handlers.util import list_classes_from_module
+
+__all__ = ["BUILTIN_HANDLERS", "EntryPoint", "resolve_entry_point"]
+
+EntryPoint = Callable[[Any, Context], Any]
+
+#: built-in handler name (as written in a manifest) -> module holding the handler class
+BUILTIN_HANDLERS: dict[str, str] = {
+    "base_handler": "servetune.handlers.base",
+    "vision_handler": "servetune.handlers.vision",
+    "image_classifier": "servetune.handlers.image_classifier",
+    "object_detector": "servetune.handlers.object_detector",
+    "image_segmenter": "servetune.handlers.image_segmenter",
+    "text_handler": "servetune.handlers.text",
+    "text_classifier": "servetune.handlers.text_classifier",
+}
+
+
+def forget_shadowed_modules(model_dir: Path) -> None:
+    """Drop cached modules that a file of ``model_dir`` should now provide (several models, one interpreter)."""
+    root = model_dir.resolve()
+    for path in model_dir.iterdir():
+        name = path.stem if path.suffix == ".py" else path.name if (path / "__init__.py").is_file() else None
+        module = sys.modules.get(name) if name else None
+        origin = getattr(module, "__file__", None)
+        if module is not None and origin is not None and not Path(origin).resolve().is_relative_to(root):
+            del sys.modules[name]  # type: ignore[arg-type]
+    importlib.invalidate_caches()
+
+
+def import_handler_module(handler: str, model_dir: Path) -> tuple[ModuleType, str | None]:
+    """The module named by ``handler`` and the function name after ``:``, if any."""
+    module_part, _, function_name = handler.partition(":")
+    module_name = module_part.strip()
+    if module_name.endswith(".py"):
+        module_name = module_name[:-3]
+    module_name = module_name.replace("\\", "/").rsplit("/", 1)[-1]
+    if not module_name:
+        raise HandlerError(f"handler {handler!r} names no module")
+    if _is_importable(module_name):
+        module = importlib.import_module(module_name)
+    elif module_name in BUILTIN_HANDLERS:
+        module = importlib.import_module(BUILTIN_HANDLERS[module_name])
+    else:
+        raise HandlerError(
+            f"Unable to load module {module_part!r}: no {module_name}.py in {model_dir}, no importable module "
+            f"{module_name!r}, and not a built-in handler ({', '.join(sorted(BUILTIN_HANDLERS))})"
+        )
+    return module, function_name.strip() or None
+
+
+def _is_importable(module_name: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def resolve_entry_point(module: ModuleType, function_name: str | None) -> tuple[EntryPoint, Callable[[Context], Any]]:
+    """``(handle, initialize)`` for a loaded handler module."""
+    name = function_name or "handle"
+    if hasattr(module, name):
+        entry = getattr(module, name)
+        if not callable(entry):
+            raise HandlerError(f"{module.__name__}.{name} is not callable")
+        return entry, lambda context: entry(None, context)
+    if function_name is not None:
+        raise HandlerError(f"module {module.__name__!r} has no function {function_name!r}")
+    classes = list_classes_from_module(module)
+    if len(classes) != 1:
+        found = ", ".join(cls.__name__ for cls in classes) or "none"
+        raise HandlerError(
+            f"Expected only one class in custom service code or a function entry point in {module.__name__!r}; "
+            f"found classes: {found}"
+        )
+    service = classes[0]()
+    for method in ("initialize", "handle"):
+        if not callable(getattr(service, method, None)):
+            raise HandlerError(f"handler class {classes[0].__name__} has no {method}(...) method")
+    return service.handle, service.initialize

@@ -1,0 +1,127 @@
+"""Dynamic batching for one model: wait for the first request, then collect up to ``batch_size``
+requests within ``max_delay`` of that request's arrival (not of the moment a worker asked, as
+TorchServe does: pytorch/serve#2478). Idle workers take turns collecting; the queue is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class JobResult:
+    status: int
+    body: bytes
+    content_type: str | None
+    headers: dict[str, str]
+    queue_ms: float = 0.0
+    handler_ms: float = 0.0
+    batch_size: int = 0
+    worker_id: str = ""
+
+
+@dataclass
+class Job:
+    """One inference request waiting for, or running in, a batch."""
+
+    request_id: str
+    headers: dict[str, str]
+    inputs: list[tuple[str, str | None, bytes]]  # (parameter name, content type, data)
+    arrival: float  # loop.time() when the request was accepted
+    future: asyncio.Future[JobResult]
+    is_disconnected: Callable[[], bool] | None = None
+    attempts: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def abandoned(self) -> bool:
+        return self.future.done() or (self.is_disconnected is not None and self.is_disconnected())
+
+
+class QueueFull(Exception):
+    """The model's job queue is at capacity."""
+
+
+class Batcher:
+    def __init__(self, batch_size: int, max_delay_s: float, capacity: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_delay_s < 0:
+            raise ValueError(f"max_delay_s must be >= 0, got {max_delay_s}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.batch_size = batch_size
+        self.max_delay_s = max_delay_s
+        self.capacity = capacity
+        self._queue: collections.deque[Job] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._collecting = asyncio.Lock()
+        self.dropped_disconnected = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def remaining_capacity(self) -> int:
+        return max(0, self.capacity - len(self._queue))
+
+    def put(self, job: Job) -> None:
+        if len(self._queue) >= self.capacity:
+            raise QueueFull
+        self._queue.append(job)
+        self._arrived.set()
+
+    def put_front(self, jobs: list[Job]) -> None:
+        """Return jobs to the head of the queue (a retry after a worker died), ignoring capacity."""
+        self._queue.extendleft(reversed(jobs))
+        self._arrived.set()
+
+    def drain(self) -> list[Job]:
+        jobs = list(self._queue)
+        self._queue.clear()
+        return jobs
+
+    async def _wait_arrival(self, timeout: float | None) -> bool:
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _prune(self) -> None:
+        while self._queue and self._queue[0].abandoned:
+            job = self._queue.popleft()
+            if not job.future.done():
+                job.future.cancel()
+            self.dropped_disconnected += 1
+
+    async def next_batch(self) -> list[Job]:
+        """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost."""
+        loop = asyncio.get_running_loop()
+        async with self._collecting:
+            while True:
+                self._prune()
+                while not self._queue:
+                    await self._wait_arrival(None)
+                    self._prune()
+                deadline = self._queue[0].arrival + self.max_delay_s
+                while len(self._queue) < self.batch_size:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0 or not await self._wait_arrival(remaining):
+                        break
+                batch: list[Job] = []
+                while self._queue and len(batch) < self.batch_size:
+                    job = self._queue.popleft()
+                    if job.abandoned:
+                        if not job.future.done():
+                            job.future.cancel()
+                        self.dropped_disconnected += 1
+                        continue
+                    batch.append(job)
+                if batch:
+                    return batch

@@ -1,0 +1,183 @@
+"""The management API (TorchServe's port 8081): register, list, describe, scale, unregister, set-default."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from servetune._exceptions import ModelError
+from servetune.server.auth import TokenStore, auth_failed
+from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, error_response, exception_handlers, json_response
+from servetune.server.model import ServedModel
+from servetune.server.openapi import management_spec
+from servetune.server.registry import ModelRegistry, RegisterParams
+
+
+async def _params(request: Request) -> dict[str, str]:
+    """Query parameters, or the same names in a JSON body (TorchServe accepts both)."""
+    params = dict(request.query_params)
+    if (request.headers.get("content-type") or "").startswith("application/json"):
+        raw = await request.body()
+        if raw.strip():
+            try:
+                body = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ModelError(f"Invalid JSON body: {exc.msg}", 400) from None
+            if not isinstance(body, dict):
+                raise ModelError("JSON body must be an object", 400)
+            params.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items()})
+    return params
+
+
+def _int(params: dict[str, str], key: str) -> int | None:
+    """TorchServe ignores a non-integer numeric parameter and uses the default."""
+    try:
+        return int(params[key]) if key in params else None
+    except ValueError:
+        return None
+
+
+def _bool(params: dict[str, str], key: str, default: bool) -> bool:
+    value = params.get(key)
+    return default if value is None else value.strip().lower() == "true"
+
+
+def describe(model: ServedModel, registry: ModelRegistry) -> dict[str, Any]:
+    config = model.config
+    return {
+        "modelName": model.name,
+        "modelVersion": model.version,
+        "modelUrl": model.spec.url,
+        "runtime": model.spec.manifest.get("runtime", "python"),
+        "minWorkers": model.min_workers,
+        "maxWorkers": model.max_workers,
+        "batchSize": model.batcher.batch_size,
+        "maxBatchDelay": int(model.batcher.max_delay_s * 1000),
+        "responseTimeout": int(model.response_timeout_s),
+        "startupTimeout": int(model.startup_timeout_s),
+        "deviceType": config.device_type or ("gpu" if registry.gpus else "cpu"),
+        "deviceIds": list(config.device_ids),
+        "loadedAtStartup": model.spec.loaded_at_startup,
+        "isDefault": registry.defaults.get(model.name) == model.version,
+        "health": {"healthy": model.healthy(), "crashLoop": model.crash_loop},
+        "workers": model.describe_workers(),
+        "jobQueueStatus": {
+            "remainingCapacity": model.batcher.remaining_capacity,
+            "pendingRequests": len(model.batcher),
+        },
+    }
+
+
+def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) -> Starlette:
+    config = registry.config
+
+    def authorized(request: Request) -> bool:
+        return tokens is None or tokens.check("management", request.headers.get("authorization"))
+
+    def model_api_disabled() -> Response:
+        return error_response(405, "MethodNotAllowedException", METHOD_NOT_ALLOWED_MESSAGE)
+
+    async def models(request: Request) -> Response:
+        if not authorized(request):
+            return auth_failed()
+        if request.method == "GET":
+            return list_models(request)
+        if not config.enable_model_api:
+            return model_api_disabled()
+        params = await _params(request)
+        if "url" not in params:
+            raise ModelError("Parameter url is required.", 400)
+        register = RegisterParams(
+            url=params["url"],
+            model_name=params.get("model_name") or None,
+            handler=params.get("handler") or None,
+            batch_size=_int(params, "batch_size"),
+            max_batch_delay=_int(params, "max_batch_delay"),
+            initial_workers=_int(params, "initial_workers"),
+            response_timeout=_int(params, "response_timeout"),
+            startup_timeout=_int(params, "startup_timeout"),
+            synchronous=_bool(params, "synchronous", True),
+        )
+        if register.batch_size is not None and register.batch_size < 1:
+            raise ModelError(f"batch_size must be >= 1, got {register.batch_size}", 400)
+        status, message = await registry.register(register)
+        return json_response({"status": message}, status)
+
+    def list_models(request: Request) -> Response:
+        limit = _int(dict(request.query_params), "limit") or 100
+        limit = 100 if limit <= 0 or limit > 100 else limit
+        start = _int(dict(request.query_params), "next_page_token") or 0
+        names = sorted(registry.models)
+        page = names[start : start + limit]
+        payload: dict[str, Any] = {}
+        if start + limit < len(names):
+            payload["nextPageToken"] = str(start + limit)
+        payload["models"] = [{"modelName": n, "modelUrl": registry.get(n).spec.url} for n in page]
+        return json_response(payload)
+
+    async def model(request: Request) -> Response:
+        if not authorized(request):
+            return auth_failed()
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
+        if request.method == "GET":
+            if version == "all":
+                found = [registry.get(name, v) for v in sorted(registry.models.get(name, {}))] or [registry.get(name)]
+            else:
+                found = [registry.get(name, version)]
+            return json_response([describe(m, registry) for m in found])
+        if request.method == "DELETE":
+            if not config.enable_model_api:
+                return model_api_disabled()
+            return json_response({"status": await registry.unregister(name, version)})
+        # PUT: scale workers
+        params = dict(request.query_params)
+        version = version or params.get("model_version")
+        registry.get(name, version)
+        min_worker = _int(params, "min_worker")
+        min_worker = 1 if min_worker is None else min_worker
+        max_worker = _int(params, "max_worker")
+        max_worker = min_worker if max_worker is None else max_worker
+        if min_worker < 0:
+            raise ModelError("min_worker cannot be negative.", 400)
+        if max_worker < min_worker:
+            raise ModelError("max_worker cannot be less than min_worker.", 400)
+        status, message = await registry.scale(
+            name, version, min_worker, max_worker, _bool(params, "synchronous", False)
+        )
+        return json_response({"status": message}, status)
+
+    async def set_default(request: Request) -> Response:
+        if not authorized(request):
+            return auth_failed()
+        message = registry.set_default(request.path_params["name"], request.path_params["version"])
+        return json_response({"status": message})
+
+    async def token(request: Request) -> Response:
+        if tokens is None:
+            raise ModelError("Token authorization is disabled", 400, "BadRequestException")
+        if not tokens.check("API", request.headers.get("authorization")):
+            return auth_failed()
+        kind = request.query_params.get("type", "")
+        if kind not in ("management", "inference"):
+            raise ModelError(f"type must be management or inference, got {kind!r}", 400)
+        return json_response({kind: {"key": tokens.regenerate(kind)}})
+
+    async def api_description(request: Request) -> Response:
+        return json_response(management_spec())
+
+    routes = [
+        Route("/", api_description, methods=["OPTIONS"]),
+        Route("/api-description", api_description, methods=["GET", "OPTIONS"]),
+        Route("/models", models, methods=["GET", "POST"]),
+        Route("/models/{name}", model, methods=["GET", "PUT", "DELETE"]),
+        Route("/models/{name}/{version}", model, methods=["GET", "PUT", "DELETE"]),
+        Route("/models/{name}/{version}/set-default", set_default, methods=["PUT"]),
+        Route("/token", token, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers=exception_handlers())

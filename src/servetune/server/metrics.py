@@ -1,0 +1,121 @@
+"""Prometheus metrics: TorchServe's names (exact) plus real histograms per model."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from servetune.server.model import ServedModel
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+
+
+class _TorchServeCounters:
+    """``ts_inference_requests_total`` and the two cumulative-µs counters, named exactly as TorchServe names them
+    (prometheus_client would append ``_total`` to a Counter's samples)."""
+
+    def __init__(self, hostname: str) -> None:
+        self.hostname = hostname
+        self.requests: dict[tuple[str, str], float] = {}
+        self.latency_us: dict[tuple[str, str], float] = {}
+        self.queue_us: dict[tuple[str, str], float] = {}
+        self.status_classes: dict[str, float] = {"Requests2XX": 0.0, "Requests4XX": 0.0, "Requests5XX": 0.0}
+
+    def collect(self) -> Iterator[Metric]:
+        for name, store, doc in (
+            ("ts_inference_requests_total", self.requests, "Total number of inference requests."),
+            ("ts_inference_latency_microseconds", self.latency_us, "Cumulative inference duration in microseconds"),
+            ("ts_queue_latency_microseconds", self.queue_us, "Cumulative queue duration in microseconds"),
+        ):
+            metric = Metric(name, doc, "counter")
+            for (model, version), value in sorted(store.items()):
+                labels = {"model_name": model, "model_version": version, "hostname": self.hostname}
+                metric.add_sample(name, labels, value)
+            yield metric
+        for name, value in self.status_classes.items():
+            metric = Metric(name, f"Total number of requests with a {name[-3]}xx response", "counter")
+            metric.add_sample(name, {"Level": "Host", "Hostname": self.hostname}, value)
+            yield metric
+
+
+class _ModelGauges:
+    def __init__(self, models: Callable[[], list[ServedModel]]) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Metric]:
+        workers = GaugeMetricFamily(
+            "servetune_workers", "Worker processes ready to serve", labels=["model_name", "model_version"]
+        )
+        queue = GaugeMetricFamily(
+            "servetune_queue_depth", "Requests waiting in the model's queue", labels=["model_name", "model_version"]
+        )
+        for model in self._models():
+            workers.add_metric([model.name, model.version], model.ready_workers)
+            queue.add_metric([model.name, model.version], len(model.batcher))
+        yield workers
+        yield queue
+
+
+class ServerMetrics:
+    def __init__(self, models: Callable[[], list[ServedModel]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.ts = _TorchServeCounters(socket.gethostname())
+        self.registry.register(self.ts)  # type: ignore[arg-type]
+        self.registry.register(_ModelGauges(models))  # type: ignore[arg-type]
+        labels = ["model_name", "model_version"]
+        self.latency = Histogram(
+            "servetune_request_latency_seconds",
+            "End-to-end latency in the server, request received to response",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue = Histogram(
+            "servetune_queue_seconds",
+            "Time a request waited before its batch was sent to a worker",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.handler = Histogram(
+            "servetune_handler_seconds",
+            "Time the worker's handler spent on the batch a request ran in",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "servetune_batch_size",
+            "Number of requests in each batch sent to a worker",
+            labels,
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe_request(
+        self, model: str, version: str, status: int, total_s: float, queue_s: float | None, handler_s: float | None
+    ) -> None:
+        key = (model, version)
+        self.ts.requests[key] = self.ts.requests.get(key, 0.0) + 1
+        self.ts.latency_us[key] = self.ts.latency_us.get(key, 0.0) + total_s * 1e6
+        if queue_s is not None:
+            self.ts.queue_us[key] = self.ts.queue_us.get(key, 0.0) + queue_s * 1e6
+            self.queue.labels(model, version).observe(queue_s)
+        if handler_s is not None:
+            self.handler.labels(model, version).observe(handler_s)
+        self.latency.labels(model, version).observe(total_s)
+        self.observe_status(status)
+
+    def observe_status(self, status: int) -> None:
+        bucket = {2: "Requests2XX", 4: "Requests4XX", 5: "Requests5XX"}.get(status // 100)
+        if bucket:
+            self.ts.status_classes[bucket] += 1
+
+    def observe_batch(self, model: ServedModel, size: int) -> None:
+        self.batch_size.labels(model.name, model.version).observe(size)

@@ -1,0 +1,159 @@
+"""One worker process as the frontend sees it: spawn, wait for ready, run a batch, notice death at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from servetune.server.protocol import ProtocolError, encode, read_frame
+
+
+class WorkerDied(Exception):
+    """The worker process exited (or its socket closed) while the frontend needed it."""
+
+
+class WorkerTimeout(Exception):
+    """The worker did not answer within the allowed time."""
+
+
+class WorkerLoadError(Exception):
+    """The worker could not load its model; the message is the handler's own."""
+
+
+class WorkerProcess:
+    """A spawned worker. One batch at a time; the caller serialises ``run`` calls."""
+
+    def __init__(self, worker_id: str, spec: dict[str, Any], env: dict[str, str]) -> None:
+        self.worker_id = worker_id
+        self.spec = spec
+        self.env = env
+        self.pid: int | None = None
+        self.start_time = time.time()
+        self.gpu_id: int | None = spec.get("gpu_id")
+        self.load_ms = 0.0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: asyncio.Future[tuple[dict[str, Any], list[bytes]]] | None = None
+        self._ready: asyncio.Future[tuple[dict[str, Any], list[bytes]]] | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self.exited = asyncio.Event()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None and not self.exited.is_set()
+
+    async def start(self, timeout: float) -> None:
+        """Spawn the process and wait until its model is loaded."""
+        loop = asyncio.get_running_loop()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "servetune.server.worker",
+                str(child.fileno()),
+                json.dumps(self.spec),
+                pass_fds=(child.fileno(),),
+                env=self.env,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=False,
+            )
+        finally:
+            child.close()
+        self.pid = self._proc.pid
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
+        self._ready = loop.create_future()
+        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.worker_id}-reader")
+        try:
+            header, _ = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except TimeoutError:
+            self.kill()
+            raise WorkerTimeout(f"worker did not load its model within {timeout:.0f} s") from None
+        except WorkerDied:
+            raise WorkerLoadError(f"worker process exited while loading (exit code {self._proc.returncode})") from None
+        if header.get("type") == "load_error":
+            await self.wait_exit(5.0)
+            raise WorkerLoadError(str(header.get("message", "unknown error")))
+        self.load_ms = float(header.get("load_ms", 0.0))
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        error: BaseException = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
+        try:
+            while True:
+                frame = await read_frame(reader)
+                target = self._ready if self._ready is not None and not self._ready.done() else self._pending
+                if target is not None and not target.done():
+                    target.set_result(frame)
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+            if isinstance(exc, ProtocolError):
+                error = WorkerDied(f"worker {self.worker_id} sent a malformed frame: {exc}")
+        finally:
+            for fut in (self._ready, self._pending):
+                if fut is not None and not fut.done():
+                    fut.set_exception(error)
+            self.exited.set()
+            if self._writer is not None:
+                self._writer.close()
+            if self._proc is not None and self._proc.returncode is None:
+                # The socket closed: the process is gone or going; reap it without blocking the loop.
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+                with contextlib.suppress(Exception):
+                    await self._proc.wait()
+
+    async def run(
+        self, header: dict[str, Any], blobs: list[bytes], timeout: float
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """Send one batch and wait for its result."""
+        if not self.alive or self._writer is None:
+            raise WorkerDied(f"worker {self.worker_id} is not running")
+        self._pending = asyncio.get_running_loop().create_future()
+        try:
+            self._writer.write(encode(header, blobs))
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._pending), timeout)
+        except TimeoutError:
+            raise WorkerTimeout(f"worker {self.worker_id} took longer than {timeout:g} s") from None
+        finally:
+            self._pending = None
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+
+    async def wait_exit(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.exited.wait(), timeout)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Close the socket (the worker exits on EOF), then kill it if it lingers."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._proc is not None and self._proc.returncode is None:
+            try:
+                await asyncio.wait_for(self._proc.wait(), grace)
+            except TimeoutError:
+                self.kill()
+                with contextlib.suppress(Exception):
+                    await self._proc.wait()
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    def memory_bytes(self) -> int:
+        if self.pid is None:
+            return 0
+        try:
+            with open(f"/proc/{self.pid}/statm") as fh:
+                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0

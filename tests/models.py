@@ -1,0 +1,75 @@
+"""Archives with known behaviour, built for tests with servetune's own archiver."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servetune.archive import create_archive
+
+# A handler whose cost is known: it sleeps batch_ms + item_ms * len(batch) per batch (model-config.yaml
+# key ``sleep``), and obeys control bodies so that tests can provoke faults on purpose.
+SLEEP_HANDLER = textwrap.dedent(
+    """
+    import json
+    import os
+    import time
+
+    def handle(data, context):
+        if data is None:
+            cfg = context.model_yaml_config.get("sleep", {})
+            if cfg.get("fail_load"):
+                raise RuntimeError("cannot load: fail_load is set")
+            time.sleep(float(cfg.get("load_s", 0.0)))
+            return None
+        cfg = context.model_yaml_config.get("sleep", {})
+        bodies = [row.get("data") or row.get("body") for row in data]
+        for body in bodies:
+            if body in (b"exit", bytearray(b"exit"), "exit"):
+                os._exit(3)
+            if body in (b"boom", bytearray(b"boom"), "boom"):
+                raise ValueError("boom requested")
+            if isinstance(body, (bytes, bytearray)) and body.startswith(b"sleep:"):
+                time.sleep(float(body[6:]))
+        time.sleep((float(cfg.get("batch_ms", 0.0)) + float(cfg.get("item_ms", 0.0)) * len(data)) / 1000.0)
+        out = []
+        for body in bodies:
+            echo = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
+            out.append({"batch_size": len(data), "pid": os.getpid(), "echo": echo})
+        return out
+    """
+)
+
+
+def sleep_archive(
+    store: Path,
+    name: str = "sleep",
+    batch_ms: float = 20.0,
+    item_ms: float = 0.0,
+    *,
+    version: str = "1.0",
+    model_config: dict[str, Any] | None = None,
+    archive_format: str = "default",
+) -> Path:
+    """Build ``<store>/<name>.mar`` whose handler sleeps ``batch_ms + item_ms * batch_size`` per batch."""
+    store.mkdir(parents=True, exist_ok=True)
+    src = store / f".src-{name}-{version}"
+    src.mkdir(exist_ok=True)
+    handler = src / "sleep_handler.py"
+    handler.write_text(SLEEP_HANDLER)
+    config = {**(model_config or {})}
+    config.setdefault("sleep", {}).update({"batch_ms": batch_ms, "item_ms": item_ms})
+    config_file = src / "model-config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    return create_archive(
+        model_name=name,
+        version=version,
+        handler=str(handler),
+        config_file=str(config_file),
+        export_path=str(store),
+        archive_format=archive_format,
+        force=True,
+    )

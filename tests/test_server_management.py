@@ -1,0 +1,181 @@
+"""The management API on a real server: register, list, describe, scale, versions, unregister, auth."""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+from pathlib import Path
+
+from http_client import call
+from models import sleep_archive
+
+OPEN = {"enable_model_api": "true"}
+
+
+def test_register_describe_scale_unregister(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=1)
+    server = start_server(model_store=store, properties=OPEN)
+    mgmt = server.management_url
+
+    reg = call("POST", f"{mgmt}/models?url=sleep.mar&initial_workers=1&batch_size=3&max_batch_delay=7")
+    assert reg.status == 200, reg.body
+    assert reg.json() == {"status": 'Model "sleep" Version: 1.0 registered with 1 initial workers'}
+
+    desc = call("GET", f"{mgmt}/models/sleep").json()
+    assert isinstance(desc, list) and len(desc) == 1
+    info = desc[0]
+    assert (info["modelName"], info["modelVersion"], info["batchSize"], info["maxBatchDelay"]) == ("sleep", "1.0", 3, 7)
+    assert len(info["workers"]) == 1 and info["workers"][0]["status"] == "READY" and info["workers"][0]["pid"] > 0
+    assert info["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
+
+    conflict = call("POST", f"{mgmt}/models?url=sleep.mar")
+    assert conflict.status == 409 and conflict.json()["type"] == "ConflictStatusException"
+
+    scaled = call("PUT", f"{mgmt}/models/sleep?min_worker=2&synchronous=true")
+    assert scaled.status == 200 and scaled.json() == {"status": "Workers scaled to 2 for model: sleep"}
+    pids = {w["pid"] for w in call("GET", f"{mgmt}/models/sleep").json()[0]["workers"]}
+    assert len(pids) == 2
+
+    bad = call("PUT", f"{mgmt}/models/sleep?min_worker=3&max_worker=1")
+    assert bad.status == 400 and bad.json()["message"] == "max_worker cannot be less than min_worker."
+
+    listing = call("GET", f"{mgmt}/models").json()
+    assert listing == {"models": [{"modelName": "sleep", "modelUrl": "sleep.mar"}]}
+
+    assert call("POST", f"{server.inference_url}/predictions/sleep", b"x").status == 200
+    gone = call("DELETE", f"{mgmt}/models/sleep")
+    assert gone.status == 200 and gone.json() == {"status": 'Model "sleep" unregistered'}
+    assert call("POST", f"{server.inference_url}/predictions/sleep", b"x").status == 404
+    assert server.worker_pids() == []
+
+
+def test_register_errors(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store)
+    outside = tmp_path / "outside"
+    sleep_archive(outside, name="evil")
+    server = start_server(model_store=store, properties=OPEN)
+    mgmt = server.management_url
+
+    assert call("POST", f"{mgmt}/models").json() == {
+        "code": 400,
+        "type": "BadRequestException",
+        "message": "Parameter url is required.",
+    }
+    rel = call("POST", f"{mgmt}/models?url=../outside/evil.mar")
+    assert rel.status == 404 and rel.json()["message"].startswith("Relative path is not allowed in url")
+    absolute = call("POST", f"{mgmt}/models?url={urllib.parse.quote(str(outside / 'evil.mar'))}")
+    assert absolute.status == 404 and "does not match any allowed URL" in absolute.json()["message"]
+    remote = call("POST", f"{mgmt}/models?url=http://127.0.0.1:1/x.mar")
+    assert remote.status == 404 and "does not match any allowed URL" in remote.json()["message"]
+    missing = call("POST", f"{mgmt}/models?url=nothere.mar")
+    assert missing.status == 404 and missing.json()["type"] == "ModelNotFoundException"
+    unknown = call("GET", f"{mgmt}/models/nothere")
+    assert unknown.status == 404 and unknown.json()["message"] == "Model not found: nothere"
+
+
+def test_model_api_is_closed_by_default(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store)
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    closed = call("POST", f"{server.management_url}/models?url=sleep.mar")
+    assert closed.status == 405
+    assert closed.json() == {
+        "code": 405,
+        "type": "MethodNotAllowedException",
+        "message": "Requested method is not allowed, please refer to API document.",
+    }
+    assert call("DELETE", f"{server.management_url}/models/sleep").status == 405
+    # Scaling and describing stay available, as in TorchServe.
+    assert call("PUT", f"{server.management_url}/models/sleep?min_worker=1&synchronous=true").status == 200
+
+
+def test_versions_and_set_default(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, name="m1", version="1.0")
+    sleep_archive(store, name="m2", version="2.0")
+    server = start_server(model_store=store, properties=OPEN)
+    mgmt, inf = server.management_url, server.inference_url
+    assert call("POST", f"{mgmt}/models?url=m1.mar&model_name=m&initial_workers=1").status == 200
+    assert call("POST", f"{mgmt}/models?url=m2.mar&model_name=m&initial_workers=1").status == 200
+    versions = [d["modelVersion"] for d in call("GET", f"{mgmt}/models/m/all").json()]
+    assert versions == ["1.0", "2.0"]
+    assert call("PUT", f"{mgmt}/models/m/2.0/set-default").json() == {
+        "status": 'Default version successfully updated for model "m" to "2.0"'
+    }
+    assert call("GET", f"{mgmt}/models/m").json()[0]["modelVersion"] == "2.0"
+    refused = call("DELETE", f"{mgmt}/models/m/2.0")
+    assert refused.status == 403
+    assert call("DELETE", f"{mgmt}/models/m/1.0").status == 200
+    assert call("POST", f"{inf}/predictions/m", b"x").status == 200
+
+
+def test_paging(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    for name in ("a", "b", "c"):
+        sleep_archive(store, name=name)
+    server = start_server(model_store=store, properties=OPEN)
+    for name in ("a", "b", "c"):
+        assert call("POST", f"{server.management_url}/models?url={name}.mar&initial_workers=0").status == 200
+    first = call("GET", f"{server.management_url}/models?limit=2").json()
+    assert [m["modelName"] for m in first["models"]] == ["a", "b"] and first["nextPageToken"] == "2"
+    second = call("GET", f"{server.management_url}/models?limit=2&next_page_token=2").json()
+    assert [m["modelName"] for m in second["models"]] == ["c"] and "nextPageToken" not in second
+
+
+def test_scaling_up_and_down_under_load_loses_nothing(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=10, model_config={"batchSize": 2, "maxBatchDelay": 5})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    url = f"{server.inference_url}/predictions/sleep"
+    stop = threading.Event()
+    results: list[tuple[int, str, str]] = []
+    lock = threading.Lock()
+
+    def client(idx: int) -> None:
+        n = 0
+        while not stop.is_set():
+            body = f"{idx}-{n}"
+            reply = call("POST", url, body.encode())
+            echo = reply.json().get("echo", "") if reply.status == 200 else ""
+            with lock:
+                results.append((reply.status, body, echo))
+            n += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for workers in (3, 1, 2, 1):
+            scaled = call("PUT", f"{server.management_url}/models/sleep?min_worker={workers}&synchronous=true")
+            assert scaled.status == 200, scaled.body
+            live = call("GET", f"{server.management_url}/models/sleep").json()[0]["workers"]
+            assert len(live) == workers
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert len(results) > 20
+    assert all(status == 200 for status, _, _ in results), {s for s, _, _ in results}
+    assert all(body == echo for _, body, echo in results)
+
+
+def test_management_requires_token_when_auth_is_on(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store)
+    server = start_server(
+        model_store=store, models={"sleep": "sleep.mar"}, properties={"disable_token_authorization": "false"}
+    )
+    key_file = server.workdir / "key_file.json"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    refused = call("GET", f"{server.management_url}/models")
+    assert refused.status == 400 and refused.json()["type"] == "InvalidKeyException"
+    wrong = call("GET", f"{server.management_url}/models", headers={"Authorization": "Bearer nope"})
+    assert wrong.status == 400
+    ok = call("GET", f"{server.management_url}/models", headers=server.auth())
+    assert ok.status == 200
+    # Inference and metrics stay open by default; OPTIONS / is never token-checked.
+    assert call("POST", f"{server.inference_url}/predictions/sleep", b"x").status == 200
+    assert call("GET", f"{server.metrics_url}/metrics").status == 200
+    assert call("OPTIONS", f"{server.management_url}/").status == 200
