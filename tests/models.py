@@ -23,6 +23,9 @@ SLEEP_HANDLER = textwrap.dedent(
             cfg = context.model_yaml_config.get("sleep", {})
             if cfg.get("fail_load"):
                 raise RuntimeError("cannot load: fail_load is set")
+            marker = cfg.get("fail_load_if_exists")
+            if marker and os.path.exists(marker):
+                os._exit(4)
             time.sleep(float(cfg.get("load_s", 0.0)))
             return None
         cfg = context.model_yaml_config.get("sleep", {})

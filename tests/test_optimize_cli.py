@@ -97,7 +97,9 @@ def test_optimize_a_torchscript_archive(tmp_path: Path) -> None:
         config_file=tmp_path / "model-config.yaml",
     )
     out_json = tmp_path / "results.json"
-    code, output = run([str(archive), "--variants", "eager,int8-dynamic,torchscript", "--repeat", "1", "--json", str(out_json)])
+    code, output = run(
+        [str(archive), "--variants", "eager,int8-dynamic,torchscript", "--repeat", "1", "--json", str(out_json)]
+    )
     assert code == 0, output
     rows = {row["variant"]: row for row in json.loads(out_json.read_text())}
     assert rows["eager"]["status"] == "ok" and rows["torchscript"]["status"] == "ok"

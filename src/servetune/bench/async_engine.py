@@ -5,9 +5,10 @@ a separate phase that drains before measurement starts.
 
 Open loop: requests leave on a schedule fixed in advance, whatever the server does. A request's latency runs from
 its *intended* send time, so time spent queued behind a slow server or a busy client counts (no coordinated
-omission). Timers wake up to 1 ms late (epoll's resolution), so the scheduler wakes ``_EARLY`` ahead and a request
-that starts early is timed from its actual start. A request that starts more than ``LATE_MS`` after its intended
-time is late: the client, not the server, delayed it.
+omission). Timers wake up to 1 ms late (epoll's resolution), and an idle process may wait a few ms more for a CPU,
+so the scheduler wakes a little ahead (a quarter of the gap to the next send, between 1 and 5 ms) and a request that
+starts early is timed from its actual start. A request that starts more than ``LATE_MS`` after its intended time
+is late: the client, not the server, delayed it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from servetune.bench.spec import BenchSpec
 QUEUE_HEADER = "X-Servetune-Queue-Ms"
 HANDLER_HEADER = "X-Servetune-Handler-Ms"
 BATCH_HEADER = "X-Servetune-Batch-Size"
-_EARLY = 0.001
+_EARLY_MIN, _EARLY_MAX = 0.001, 0.005
 _NAN = math.nan
 
 
@@ -170,8 +171,10 @@ class AsyncEngine:
         late_s = LATE_MS / 1e3
         t0 = clock() + 0.002
         m0 = math.inf  # absolute intended time of the first measured send
+        m_offset = 0.0  # and its offset in the schedule
         first_measured = -1
         last_end = t0
+        previous = t0
         cpu0 = time.thread_time()
 
         async def timed(i: int, intended: float, measured: bool) -> None:
@@ -199,17 +202,19 @@ class AsyncEngine:
             measured = i >= spec.warmup_requests and offset >= spec.warmup_seconds
             if measured:
                 if first_measured < 0:
-                    first_measured, m0 = i, intended
+                    first_measured, m0, m_offset = i, intended, offset
                     progress.set_phase("measuring")
                     cpu0 = time.thread_time()
                     tasks.add(asyncio.ensure_future(hooks.measure_start()))
                 if (spec.requests and i - first_measured >= spec.requests) or (
-                    spec.duration and intended - m0 >= spec.duration
+                    spec.duration and offset - m_offset >= spec.duration - 1e-9
                 ):
                     break
                 rec.scheduled += 1
             # Always yield, so that started tasks run before the next send is due.
-            await asyncio.sleep(max(0.0, intended - _EARLY - clock()))
+            early = min(_EARLY_MAX, max(_EARLY_MIN, (intended - previous) / 4))
+            previous = intended
+            await asyncio.sleep(max(0.0, intended - early - clock()))
             task = asyncio.create_task(timed(i, intended, measured))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -180,7 +180,7 @@ def summarise(
         input=str(spec.input) if spec.input is not None else None,
         requests=spec.requests,
         duration=spec.duration,
-        labels=dict(spec.labels),
+        labels={"model": spec.model, **spec.labels} if spec.model else dict(spec.labels),
         latency_resolution_ms=rec.resolution_ms,
         samples=rec,
     )

@@ -52,8 +52,6 @@ async def run_bench_async(spec: BenchSpec, progress: Progress | None = None) -> 
     if spec.management_url and spec.model:
         described = await describe_model(spec.management_url, spec.model)
         spec = dataclasses.replace(spec, labels={**described, **spec.labels})
-    elif spec.model and "model" not in spec.labels:
-        spec = dataclasses.replace(spec, labels={"model": spec.model, **spec.labels})
     scrapes: dict[str, Samples] = {}
 
     def scraper(key: str) -> Callable[[], Awaitable[None]]:

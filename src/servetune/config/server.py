@@ -57,7 +57,6 @@ _ACCEPTED_NOT_USED = frozenset(
         "unregister_model_timeout",
         "use_env_allowed_urls",
         "ts_open_inference_protocol",
-        "decode_input_request",
         "service_envelope",
         "default_service_handler",
         "blacklist_env_vars",
@@ -137,6 +136,7 @@ class ServerConfig:
     allowed_urls: tuple[str, ...] = ()
     threads_per_worker: int = 0
     limit_max_image_pixels: bool = True
+    decode_input_request: bool = True
     cors_allowed_origin: str = ""
     shutdown_grace_period: float = 30.0
 
@@ -235,6 +235,7 @@ _BOOL_KEYS = frozenset(
         "inference_token_authorization",
         "open_ping",
         "limit_max_image_pixels",
+        "decode_input_request",
     }
 )
 

@@ -91,7 +91,6 @@ class ServedModel:
         self._scale_lock = asyncio.Lock()
         self.min_workers = 0
         self.max_workers = 0
-        self.crash_loop = False
         self.accepting = True
         self.closed = False
 
@@ -112,6 +111,11 @@ class ServedModel:
     @property
     def slots(self) -> list[WorkerSlot]:
         return list(self._slots)
+
+    @property
+    def crash_loop(self) -> bool:
+        """A worker slot failed three or more times in a row and has not come back yet."""
+        return any(s.crashes >= 3 and s.status != "READY" for s in self._slots)
 
     def healthy(self) -> bool:
         return self.ready_workers >= self.min_workers and not self.crash_loop
@@ -197,6 +201,7 @@ class ServedModel:
             "model_yaml_config": dict(self.config.handler_config),
             "num_threads": threads,
             "limit_max_image_pixels": self.spec.extras.get("limit_max_image_pixels", True),
+            "decode_input_request": self.spec.extras.get("decode_input_request", True),
         }
         worker = WorkerProcess(worker_id, spec, env)
         slot.status = "STARTING"
@@ -219,7 +224,6 @@ class ServedModel:
                     slot.crashes += 1
                     slot.last_error = str(exc)
                     slot.status = "CRASHED"
-                    self.crash_loop = slot.crashes >= 3
                     log.error("model %s: worker restart failed (%d in a row): %s", self.name, slot.crashes, exc)
                     continue
             slot.worker = worker
@@ -245,7 +249,6 @@ class ServedModel:
             if time.monotonic() - started > HEALTHY_AFTER_S:
                 slot.crashes = 0
             slot.crashes += 1
-            self.crash_loop = slot.crashes >= 3
             slot.status = "RESTARTING"
             log.error("model %s: worker %s (pid %s) exited; restarting", self.name, worker.worker_id, worker.pid)
             slot.worker = None

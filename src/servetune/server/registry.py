@@ -172,7 +172,11 @@ class ModelRegistry:
                 manifest,
                 config,
                 params.loaded_at_startup,
-                {"limit_max_image_pixels": self.config.limit_max_image_pixels, "workdir": dest},
+                {
+                    "limit_max_image_pixels": self.config.limit_max_image_pixels,
+                    "decode_input_request": self.config.decode_input_request,
+                    "workdir": dest,
+                },
             )
             model = ServedModel(
                 spec,

@@ -57,6 +57,7 @@ def _load(spec: dict[str, Any]) -> Any:
         batch_size=int(spec["batch_size"]),
         model_yaml_config=spec.get("model_yaml_config") or {},
         limit_max_image_pixels=bool(spec.get("limit_max_image_pixels", True)),
+        decode_input_request=bool(spec.get("decode_input_request", True)),
     )
 
 

@@ -1,0 +1,200 @@
+"""Faults on a real server: every accepted request gets exactly one answer, workers come back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from http_client import Reply, burst, call
+from models import sleep_archive
+
+
+def _workers(server) -> list[dict]:  # type: ignore[no-untyped-def]
+    return call("GET", f"{server.management_url}/models/sleep").json()[0]["workers"]
+
+
+def _wait_ready(server, count: int = 1, timeout: float = 60.0, not_pid: int = 0) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Wait until ``count`` workers are READY (and, with ``not_pid``, none of them is that old process)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = _workers(server)
+        ready = [w for w in workers if w["status"] == "READY" and w["pid"] != not_pid]
+        if len(ready) >= count:
+            return workers
+        time.sleep(0.1)
+    raise AssertionError(f"workers not ready: {_workers(server)}")
+
+
+class Load:
+    """Closed-loop clients that record every request they send and every answer they get."""
+
+    def __init__(self, url: str, clients: int = 4) -> None:
+        self.url, self.stop = url, threading.Event()
+        self.sent = 0
+        self.replies: list[tuple[float, Reply | None]] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._client) for _ in range(clients)]
+
+    def _client(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                self.sent += 1
+            try:
+                reply: Reply | None = call("POST", self.url, b"x", timeout=30)
+            except OSError:
+                reply = None
+            with self.lock:
+                self.replies.append((time.monotonic(), reply))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def test_kill_9_during_load_every_request_answered_once(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=20, model_config={"batchSize": 2, "maxBatchDelay": 5})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    old_pid = _wait_ready(server)[0]["pid"]
+    with Load(f"{server.inference_url}/predictions/sleep") as load:
+        time.sleep(1.5)
+        os.kill(old_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        new = _wait_ready(server, not_pid=old_pid)
+        time.sleep(2.0)
+    assert new[0]["pid"] != old_pid and new[0]["restarts"] >= 1
+    replies = [r for _, r in load.replies]
+    assert len(replies) == load.sent  # exactly one answer per request: none hung, none lost
+    assert all(r is not None for r in replies)
+    statuses = [r.status for r in replies if r is not None]
+    assert set(statuses) <= {200, 503}, set(statuses)
+    assert statuses.count(200) > 20
+    failed = [r for r in replies if r is not None and r.status == 503]
+    assert all("Worker died" in r.json()["message"] or "no worker" in r.json()["message"] for r in failed)
+    recovered = [r for t, r in load.replies if t > killed_at + 1.0 and r is not None]
+    assert recovered and all(r.status == 200 for r in recovered[-10:])
+
+
+def test_handler_exit_and_response_timeout(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=0, model_config={"responseTimeout": 1})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    url = f"{server.inference_url}/predictions/sleep"
+    first = _wait_ready(server)[0]["pid"]
+
+    died = call("POST", url, b"exit")
+    assert died.status == 503 and "Worker died" in died.json()["message"]
+    second = _wait_ready(server, not_pid=first)[0]["pid"]
+    assert second != first and call("POST", url, b"ok").status == 200
+
+    slow = call("POST", url, b"sleep:5")
+    assert slow.status == 504 and slow.json()["type"] == "RequestTimeoutException"
+    third = _wait_ready(server, not_pid=second)[0]["pid"]
+    assert third != second and call("POST", url, b"ok").status == 200
+
+
+def test_one_failing_item_does_not_fail_its_batch(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=0, model_config={"batchSize": 4, "maxBatchDelay": 300})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    replies = burst("POST", f"{server.inference_url}/predictions/sleep", [b"a", b"boom", b"c", b"d"])
+    by_body = {b: r for b, r in zip((b"a", b"boom", b"c", b"d"), replies, strict=True)}
+    assert by_body[b"boom"].status == 503 and by_body[b"boom"].json()["message"] == "Prediction failed"
+    for body in (b"a", b"c", b"d"):
+        assert by_body[body].status == 200 and by_body[body].json()["echo"] == body.decode()
+    assert max(int(r.headers["x-servetune-batch-size"]) for r in replies) > 1
+
+
+def test_load_failure_fails_registration_with_the_handlers_message(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, model_config={"sleep": {"fail_load": True}})
+    server = start_server(model_store=store, properties={"enable_model_api": "true"})
+    reply = call("POST", f"{server.management_url}/models?url=sleep.mar&initial_workers=1", timeout=120)
+    assert reply.status == 500
+    assert "cannot load: fail_load is set" in reply.json()["message"]
+    assert call("GET", f"{server.management_url}/models").json() == {"models": []}
+
+
+def test_crash_loop_is_reported(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    marker = tmp_path / "broken"
+    sleep_archive(store, model_config={"sleep": {"fail_load_if_exists": str(marker)}})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    pid = _wait_ready(server)[0]["pid"]
+    assert call("GET", f"{server.inference_url}/ping").status == 200
+    marker.write_text("")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = call("GET", f"{server.management_url}/models/sleep").json()[0]
+        if info["health"]["crashLoop"]:
+            break
+        time.sleep(0.2)
+    assert info["health"] == {"healthy": False, "crashLoop": True}
+    assert info["workers"][0]["restarts"] >= 3
+    ping = call("GET", f"{server.inference_url}/ping")
+    assert ping.status == 500 and ping.json() == {"status": "Unhealthy"}
+    # The fault cleared: the backoff loop brings the worker back by itself.
+    marker.unlink()
+    _wait_ready(server, timeout=60, not_pid=pid)
+    assert call("GET", f"{server.inference_url}/ping").status == 200
+
+
+def test_oversized_body_is_refused_with_413(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store)
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"}, properties={"max_request_size": "1000"})
+    reply = call("POST", f"{server.inference_url}/predictions/sleep", b"x" * 5000)
+    assert reply.status == 413 and reply.json()["type"] == "RequestEntityTooLargeException"
+    assert call("POST", f"{server.inference_url}/predictions/sleep", b"x" * 900).status == 200
+
+
+def test_sigterm_finishes_in_flight_requests(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=1500)
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    _wait_ready(server)
+    results: list[Reply] = []
+    sender = threading.Thread(target=lambda: results.append(call("POST", f"{server.inference_url}/predictions/sleep",
+                                                                  b"in-flight")))
+    sender.start()
+    time.sleep(0.5)
+    assert server.stop(signal.SIGTERM) == 0
+    sender.join(30)
+    assert results and results[0].status == 200 and results[0].json()["echo"] == "in-flight"
+
+
+def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    sleep_archive(store)
+    config = tmp_path / "config.properties"
+    config.write_text("inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+                      "metrics_address=http://127.0.0.1:0\ndefault_workers_per_model=2\n"
+                      "disable_token_authorization=true\n")
+    proc = subprocess.Popen([sys.executable, "-m", "servetune", "serve", "--ts-config", str(config), "--model-store",
+                             str(store), "--models", "sleep=sleep.mar"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    with proc.stdout:
+        for line in proc.stdout:
+            if line.startswith("Model server started."):
+                break
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(workers) == 2
+        proc.kill()
+        proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"orphan workers: {alive}"
