@@ -2,7 +2,8 @@
 
     python benchmarks/optimize_variants.py [--variants eager,torchscript,...] [--batch-sizes 1,8] [--repeat 20]
 
-Ratios come from the same run (eager first); absolute times depend on the machine and gate nothing.
+Variants are converted first, then timed round-robin (one call of each per round), so the ratios to eager hold
+on a machine whose load drifts; absolute times depend on the machine and gate nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> None:
             repeat=args.repeat,
             warmup=args.warmup,
             cache_dir=Path(cache),
+            interleave=True,
         )
     title = (
         f"resnet18 (random weights), CPU {platform.processor() or platform.machine()}, "

@@ -51,7 +51,9 @@ def bare_loop(image_bytes: bytes, batch: int, threads: int, seconds: float) -> f
     return done / (time.perf_counter() - start)
 
 
-def served(store: Path, image: Path, batch: int, threads: int, seconds: float, concurrency: int) -> tuple[float, list[float]]:
+def served(
+    store: Path, image: Path, batch: int, threads: int, seconds: float, concurrency: int
+) -> tuple[float, list[float]]:
     properties = {
         "disable_token_authorization": "true",
         "threads_per_worker": str(threads),
@@ -60,8 +62,12 @@ def served(store: Path, image: Path, batch: int, threads: int, seconds: float, c
     }
     with EmbeddedServer(store, {"resnet18": "resnet18.mar"}, properties) as server:
         spec = BenchSpec(
-            url=f"{server.inference_url}/predictions/resnet18", input=image, content_type="image/png",
-            concurrency=concurrency, duration=seconds, warmup_seconds=3.0,
+            url=f"{server.inference_url}/predictions/resnet18",
+            input=image,
+            content_type="image/png",
+            concurrency=concurrency,
+            duration=seconds,
+            warmup_seconds=3.0,
         )
         result = run_bench(spec)
         assert result.samples is not None and result.failed == 0, result.errors
@@ -88,14 +94,21 @@ def main() -> None:
             bare = bare_loop(data, args.batch, args.threads, args.seconds)
             rps, _ = served(store, image, args.batch, args.threads, args.seconds, concurrency=2 * args.batch)
             ratios.append(rps / bare)
-            print(f"run {r + 1}: bare loop {bare:7.2f} img/s | served {rps:7.2f} req/s | ratio {rps / bare:.3f}"
-                  f"  (batch {args.batch}, {args.threads} threads)", flush=True)
-        print(f"served/bare throughput at batch {args.batch}: median ratio {statistics.median(ratios):.3f} "
-              f"over {args.repeats} runs (target >= 0.95)")
+            print(
+                f"run {r + 1}: bare loop {bare:7.2f} img/s | served {rps:7.2f} req/s | ratio {rps / bare:.3f}"
+                f"  (batch {args.batch}, {args.threads} threads)",
+                flush=True,
+            )
+        print(
+            f"served/bare throughput at batch {args.batch}: median ratio {statistics.median(ratios):.3f} "
+            f"over {args.repeats} runs (target >= 0.95)"
+        )
         _, overhead = served(store, image, 1, args.threads, args.seconds / 2, concurrency=1)
-        print(f"frontend overhead at batch 1 (client latency - handler time), over {len(overhead)} requests: "
-              f"median {statistics.median(overhead):.2f} ms, p90 {statistics.quantiles(overhead, n=10)[-1]:.2f} ms "
-              "(target: median < 2 ms)")
+        print(
+            f"frontend overhead at batch 1 (client latency - handler time), over {len(overhead)} requests: "
+            f"median {statistics.median(overhead):.2f} ms, p90 {statistics.quantiles(overhead, n=10)[-1]:.2f} ms "
+            "(target: median < 2 ms)"
+        )
 
 
 if __name__ == "__main__":

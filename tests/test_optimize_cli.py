@@ -64,7 +64,7 @@ def test_optimize_prints_the_variant_table_and_writes_artifacts(tmp_path: Path) 
     archive = eager_archive(tmp_path)
     out_json = tmp_path / "results.json"
     args = [str(archive), "--variants", "torchscript,onnx,fp16,channels_last+bf16", "--batch-sizes", "1,2"]
-    code, output = run([*args, "--repeat", "2", "--warmup", "1", "--write", "--json", str(out_json)])
+    code, output = run([*args, "--repeat", "2", "--warmup", "1", "--write", "--interleave", "--json", str(out_json)])
     assert code == 0, output
     assert "(1.00x)" in output and "fp16 needs a CUDA device" in output
     rows = {row["variant"]: row for row in json.loads(out_json.read_text())}

@@ -70,3 +70,29 @@ def test_median_latency_and_peak_memory() -> None:
         grown = peak()
         del block
     assert grown > 32
+
+
+def test_interleaved_timing_goes_round_robin_after_converting_everything() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8))
+    said: list[str] = []
+    results = measure_variants(
+        ["torchscript", "eager", "fp16"],
+        model,
+        device=CPU,
+        make_inputs=lambda batch: (torch.randn(batch, 8),),
+        batch_sizes=(2,),
+        repeat=4,
+        warmup=1,
+        interleave=True,
+        progress=said.append,
+    )
+    assert [r.variant for r in results] == ["eager", "torchscript", "fp16"]
+    assert [r.status for r in results] == ["ok", "ok", "n/a"]
+    assert all(r.latency_ms[2] > 0 and r.peak_mib is not None for r in results[:2])
+    assert said == [
+        "eager: converting, checking parity",
+        "torchscript: converting, checking parity",
+        "fp16: converting, checking parity",
+        "timing 2 variants round-robin at batch 2",
+    ]

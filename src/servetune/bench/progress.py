@@ -11,6 +11,8 @@ import time
 from types import TracebackType
 from typing import Any
 
+from rich.text import Text
+
 
 class Progress:
     """Counters an engine updates (``done``, ``failed``, ``phase``) and, when enabled, a rich live line."""
@@ -56,7 +58,7 @@ class Progress:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(0.25)
-            self._live.update(self.line(), refresh=True)
+            self._live.update(Text(self.line()), refresh=True)
 
     async def __aenter__(self) -> Progress:
         if self._live is not None:

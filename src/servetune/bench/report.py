@@ -198,9 +198,10 @@ def print_summary(result: BenchResult, console: Any = None) -> None:
     console = console or Console()
     lat, srv = result.latency, result.server
     load = f"concurrency {result.concurrency}" if result.mode == "closed" else f"{result.rate:g} req/s {result.arrival}"
-    table = Table(title=f"{result.url}  ({result.engine}, {result.mode} loop, {load})", show_header=False)
+    table = Table(title=result.url, show_header=False)
     table.add_column("measure", style="bold")
     table.add_column("value")
+    table.add_row("load", f"{result.engine} engine, {result.mode} loop, {load}")
     table.add_row("requests", f"{result.sent} in {result.duration_s:.2f} s")
     table.add_row("throughput", f"{result.throughput_rps:.2f} req/s")
     table.add_row("errors", f"{result.failed} ({100 * result.error_rate:.2f}%) {_errors(result)}")

@@ -73,6 +73,12 @@ def artifacts_dir(archive: Path) -> Path:
     "max_score_diff, min_match, score_floor, iou_match); repeatable.",
 )
 @click.option(
+    "--interleave",
+    is_flag=True,
+    help="Convert every variant first, then time them round-robin (steadier ratios on a busy machine; "
+    "holds all variants in memory).",
+)
+@click.option(
     "--write", is_flag=True, help="Save converted artifacts (TorchScript .pt, .onnx) in <archive>.optimized/."
 )
 @click.option(
@@ -87,6 +93,7 @@ def command(
     warmup: int,
     threads: int | None,
     tolerances: dict[str, float],
+    interleave: bool,
     write: bool,
     json_path: Path | None,
 ) -> None:
@@ -100,7 +107,7 @@ def command(
 
     from servetune.optimize import default_variants, resolve
     from servetune.optimize.archive_model import load_archive_model
-    from servetune.optimize.measure import measure_variant
+    from servetune.optimize.measure import measure_variants
     from servetune.optimize.report import results_json, variant_table
 
     names = [name.strip() for name in variants.split(",")] if variants else default_variants()
@@ -117,22 +124,20 @@ def command(
         loaded = load_archive_model(archive, Path(scratch) / "model")
         model = loaded.model.to(target)
         cache_dir = artifacts_dir(archive) if write else Path(scratch) / "artifacts"
-        results = []
-        for name in names:
-            with console.status(f"{name}: converting, checking parity, timing ..."):
-                results.append(
-                    measure_variant(
-                        name,
-                        model,
-                        device=target,
-                        make_inputs=lambda batch: loaded.make_inputs(batch, target),
-                        batch_sizes=batch_sizes,
-                        repeat=repeat,
-                        warmup=warmup,
-                        cache_dir=cache_dir,
-                        tolerance=tolerances or None,
-                    )
-                )
+        with console.status("loading ...") as status:
+            results = measure_variants(
+                names,
+                model,
+                device=target,
+                make_inputs=lambda batch: loaded.make_inputs(batch, target),
+                batch_sizes=batch_sizes,
+                repeat=repeat,
+                warmup=warmup,
+                cache_dir=cache_dir,
+                tolerance=tolerances or None,
+                interleave=interleave,
+                progress=lambda text: status.update(f"{text} ..."),
+            )
         title = f"{archive.name} on {target} ({torch.get_num_threads()} threads)"
         console.print(variant_table(results, batch_sizes, title=title))
     if write:

@@ -135,6 +135,7 @@ class ServerConfig:
     key_file: Path = Path("key_file.json")
     allowed_urls: tuple[str, ...] = ()
     threads_per_worker: int = 0
+    max_workers_per_model: int = 64
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
     cors_allowed_origin: str = ""
@@ -226,6 +227,7 @@ _INT_KEYS = {
     "default_startup_timeout": 1,
     "token_expiration_min": 1,
     "threads_per_worker": 0,
+    "max_workers_per_model": 1,
 }
 _BOOL_KEYS = frozenset(
     {

@@ -13,6 +13,7 @@ from __future__ import annotations
 from servetune.optimize.apply import apply_variant, parity_samples, variant_tolerance
 from servetune.optimize.base import Stage, Variant, VariantModel
 from servetune.optimize.errors import OptimizeError, ParityError, VariantNotApplicable
+from servetune.optimize.inputs import config_input_shape, sample_inputs
 from servetune.optimize.parity import ParityReport, Tolerance, check_parity, compare
 from servetune.optimize.registry import VARIANTS, canonical_name, default_variants, resolve
 
@@ -30,8 +31,10 @@ __all__ = [
     "canonical_name",
     "check_parity",
     "compare",
+    "config_input_shape",
     "default_variants",
     "parity_samples",
     "resolve",
+    "sample_inputs",
     "variant_tolerance",
 ]

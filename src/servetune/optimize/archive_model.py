@@ -15,16 +15,14 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from servetune._exceptions import ArchiveError, ConfigError
+from servetune._exceptions import ArchiveError
 from servetune.archive import ModelArchive, open_archive
 from servetune.optimize._tree import ModelInputs
-
-DEFAULT_INPUT_SHAPE = (3, 224, 224)
+from servetune.optimize.inputs import config_input_shape, sample_inputs
 
 
 @dataclass
@@ -34,25 +32,10 @@ class ArchiveModel:
     archive: ModelArchive
     model: nn.Module
     input_shape: tuple[int, ...]
-    image_list: bool
-    """True when the model takes a list of images (torchvision detectors) instead of a batch tensor."""
 
     def make_inputs(self, batch: int, device: torch.device) -> ModelInputs:
         """Random inputs for one call of ``batch`` items, seeded so that every variant sees the same."""
-        generator = torch.Generator().manual_seed(batch)
-        images = torch.rand((batch, *self.input_shape), generator=generator).to(device)
-        return (list(images),) if self.image_list else (images,)
-
-
-def _input_shape(config: dict[str, Any]) -> tuple[int, ...]:
-    shape = config.get("input_shape")
-    if shape is None:
-        return DEFAULT_INPUT_SHAPE
-    if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-        raise ConfigError(
-            f"model-config.yaml input_shape={shape!r}: expected a list of positive ints, e.g. [3, 224, 224]"
-        )
-    return tuple(shape)
+        return sample_inputs(self.model, self.input_shape, batch, device)
 
 
 def _model_class(model_dir: Path, model_file: str) -> type[nn.Module]:
@@ -81,10 +64,6 @@ def _model_class(model_dir: Path, model_file: str) -> type[nn.Module]:
     return classes[0]
 
 
-def _is_detector(model: nn.Module) -> bool:
-    return any(cls.__name__ == "GeneralizedRCNN" for cls in type(model).__mro__)
-
-
 def load_archive_model(source: Path, workdir: Path) -> ArchiveModel:
     """Open ``source`` (extracting into ``workdir``) and load its model on CPU."""
     archive = open_archive(source, workdir)
@@ -102,4 +81,4 @@ def load_archive_model(source: Path, workdir: Path) -> ArchiveModel:
         raise ArchiveError(
             f"{source}: servetune optimize needs an eager model (modelFile + serializedFile) or TorchScript (.pt)"
         )
-    return ArchiveModel(archive, model.eval(), _input_shape(archive.model_config), _is_detector(model))
+    return ArchiveModel(archive, model.eval(), config_input_shape(archive.model_config))

@@ -90,11 +90,6 @@ class Stage:
         """Inputs as the transformed module wants them."""
         return convert_inputs(inputs, self.device, self.input_dtype, self.memory_format)
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-
 
 class Variant:
     """One model variant. Subclasses set the class attributes and override :meth:`check` and :meth:`apply`."""
@@ -133,13 +128,14 @@ class VariantModel(nn.Module):
         self.convert_seconds = convert_seconds
         self.parity = parity
 
-    def forward(self, *inputs: Any) -> Any:
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         args = convert_inputs(inputs, self.device, self.input_dtype, self.memory_format)
+        (options,) = convert_inputs((kwargs,), self.device, self.input_dtype, self.memory_format)
         autocast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if self.autocast_dtype is not None:
             autocast = torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
         with torch.inference_mode(), autocast:  # as handlers call models: no autograd, no recompiles
-            outputs = self.runner(*args)
+            outputs = self.runner(*args, **options)
         return outputs_to_float32(outputs)
 
     def extra_repr(self) -> str:

@@ -113,6 +113,36 @@ def serialized_bytes(model: VariantModel) -> int | None:
     return buffer.getbuffer().nbytes
 
 
+def _convert(
+    name: str,
+    model: nn.Module,
+    device: torch.device,
+    make_inputs: InputMaker,
+    cache_dir: Path | None,
+    tolerance: Tolerance | Mapping[str, float] | None,
+) -> tuple[VariantResult, VariantModel | None]:
+    try:
+        variant = apply_variant(
+            name, model, device=device, example_inputs=make_inputs(2), cache_dir=cache_dir, tolerance=tolerance
+        )
+    except VariantNotApplicable as exc:
+        return VariantResult(exc.variant, "n/a", reason=exc.reason), None
+    except ParityError as exc:
+        report = exc.report
+        return VariantResult(report.variant, "parity", reason="; ".join(report.failures), parity=report), None
+    size = serialized_bytes(variant)
+    result = VariantResult(
+        variant.variant,
+        "ok",
+        parity=variant.parity,
+        convert_s=variant.convert_seconds,
+        artifact_mib=size / 2**20 if size is not None else None,
+        artifact=str(variant.artifact) if variant.artifact is not None else None,
+        notes=variant.notes,
+    )
+    return result, variant
+
+
 def measure_variant(
     name: str,
     model: nn.Module,
@@ -125,36 +155,76 @@ def measure_variant(
     cache_dir: Path | None = None,
     tolerance: Tolerance | Mapping[str, float] | None = None,
 ) -> VariantResult:
-    """Apply ``name`` to ``model`` (example inputs: ``make_inputs(2)``) and, when it applies, time it."""
+    """Apply ``name`` to ``model`` (example inputs: ``make_inputs(2)``) and, when it applies, time it.
+    Peak memory covers the conversion, the parity check and the timed calls."""
     with peak_memory(device) as peak:
-        try:
-            variant = apply_variant(
-                name, model, device=device, example_inputs=make_inputs(2), cache_dir=cache_dir, tolerance=tolerance
-            )
-        except VariantNotApplicable as exc:
-            return VariantResult(exc.variant, "n/a", reason=exc.reason)
-        except ParityError as exc:
-            report = exc.report
-            return VariantResult(report.variant, "parity", reason="; ".join(report.failures), parity=report)
-        latency = {
-            batch: median_latency_ms(variant, make_inputs(batch), device, repeat, warmup) for batch in batch_sizes
-        }
-        peak_mib = max(0.0, peak())
-    size = serialized_bytes(variant)
-    return VariantResult(
-        variant.variant,
-        "ok",
-        parity=variant.parity,
-        convert_s=variant.convert_seconds,
-        latency_ms=latency,
-        peak_mib=peak_mib,
-        artifact_mib=size / 2**20 if size is not None else None,
-        artifact=str(variant.artifact) if variant.artifact is not None else None,
-        notes=variant.notes,
-    )
+        result, variant = _convert(name, model, device, make_inputs, cache_dir, tolerance)
+        if variant is not None:
+            for batch in batch_sizes:
+                result.latency_ms[batch] = median_latency_ms(variant, make_inputs(batch), device, repeat, warmup)
+            result.peak_mib = max(0.0, peak())
+    return result
 
 
-def measure_variants(names: Sequence[str], model: nn.Module, **kwargs: Any) -> list[VariantResult]:
-    """:func:`measure_variant` for each name, in order (eager first when asked for, as the baseline)."""
+def measure_variants(
+    names: Sequence[str],
+    model: nn.Module,
+    *,
+    device: torch.device,
+    make_inputs: InputMaker,
+    batch_sizes: Sequence[int] = (1, 8),
+    repeat: int = 20,
+    warmup: int = 3,
+    cache_dir: Path | None = None,
+    tolerance: Tolerance | Mapping[str, float] | None = None,
+    interleave: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[VariantResult]:
+    """Measure each variant, eager first (the baseline).
+
+    One after the other by default. With ``interleave`` every variant is converted first (all are held in memory at
+    once; peak memory then covers conversion and parity only), and the timed calls go round-robin, one call of each
+    variant per round: a machine whose load drifts slows every variant alike, and the ratios to eager hold.
+    """
     ordered = sorted(names, key=lambda n: n != "eager")
-    return [measure_variant(name, model, **kwargs) for name in ordered]
+    say = progress or (lambda _: None)
+    results: list[VariantResult] = []
+    if not interleave:
+        for name in ordered:
+            say(f"{name}: converting, checking parity, timing")
+            results.append(
+                measure_variant(
+                    name,
+                    model,
+                    device=device,
+                    make_inputs=make_inputs,
+                    batch_sizes=batch_sizes,
+                    repeat=repeat,
+                    warmup=warmup,
+                    cache_dir=cache_dir,
+                    tolerance=tolerance,
+                )
+            )
+        return results
+    ready: list[tuple[VariantResult, VariantModel]] = []
+    for name in ordered:
+        say(f"{name}: converting, checking parity")
+        with peak_memory(device) as peak:
+            result, variant = _convert(name, model, device, make_inputs, cache_dir, tolerance)
+            if variant is not None:
+                result.peak_mib = max(0.0, peak())
+                ready.append((result, variant))
+        results.append(result)
+    for batch in batch_sizes:
+        say(f"timing {len(ready)} variants round-robin at batch {batch}")
+        inputs = make_inputs(batch)
+        for _, variant in ready:
+            median_latency_ms(variant, inputs, device, repeat=1, warmup=warmup)  # compiles, warms caches
+        times: list[list[float]] = [[] for _ in ready]
+        for round_ in range(repeat):
+            for k in range(len(ready)):
+                index = (k + round_) % len(ready)  # rotate who goes first
+                times[index].append(median_latency_ms(ready[index][1], inputs, device, repeat=1, warmup=0))
+        for (result, _), samples in zip(ready, times, strict=True):
+            result.latency_ms[batch] = statistics.median(samples)
+    return results

@@ -17,6 +17,7 @@ from torch import nn
 
 from servetune.optimize.base import Stage, Variant
 from servetune.optimize.cache import artifact_path
+from servetune.optimize.inputs import is_detector
 
 
 class _Detections(nn.Module):
@@ -31,10 +32,6 @@ class _Detections(nn.Module):
         if isinstance(outputs, tuple) and len(outputs) == 2 and isinstance(outputs[0], dict):
             return outputs[1]
         return outputs
-
-
-def _is_torchvision_detector(model: nn.Module) -> bool:
-    return any(cls.__name__ == "GeneralizedRCNN" for cls in type(model).__mro__)
 
 
 class TorchScript(Variant):
@@ -63,7 +60,7 @@ class TorchScript(Variant):
         if path is not None:
             stage.artifact, stage.artifact_bytes = path, path.stat().st_size
         runner: nn.Module = self._freeze(scripted.eval(), stage)
-        stage.runner = _Detections(runner) if _is_torchvision_detector(stage.source) else runner
+        stage.runner = _Detections(runner) if is_detector(stage.source) else runner
 
     def _script(self, stage: Stage) -> torch.jit.ScriptModule:
         module = stage.module()

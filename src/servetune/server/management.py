@@ -103,8 +103,20 @@ def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) ->
             startup_timeout=_int(params, "startup_timeout"),
             synchronous=_bool(params, "synchronous", True),
         )
-        if register.batch_size is not None and register.batch_size < 1:
-            raise ModelError(f"batch_size must be >= 1, got {register.batch_size}", 400)
+        for key, minimum in (
+            ("batch_size", 1),
+            ("max_batch_delay", 0),
+            ("initial_workers", 0),
+            ("response_timeout", 1),
+            ("startup_timeout", 1),
+        ):
+            value = getattr(register, key)
+            if value is not None and not minimum <= value <= 1_000_000:
+                raise ModelError(f"{key} must be between {minimum} and 1000000, got {value}", 400)
+        if (register.initial_workers or 0) > config.max_workers_per_model:
+            raise ModelError(
+                f"Workers are limited to max_workers_per_model={config.max_workers_per_model} per model.", 400
+            )
         status, message = await registry.register(register)
         return json_response({"status": message}, status)
 
@@ -145,6 +157,10 @@ def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) ->
         max_worker = min_worker if max_worker is None else max_worker
         if min_worker < 0:
             raise ModelError("min_worker cannot be negative.", 400)
+        if max(min_worker, max_worker) > config.max_workers_per_model:
+            raise ModelError(
+                f"Workers are limited to max_workers_per_model={config.max_workers_per_model} per model.", 400
+            )
         if max_worker < min_worker:
             raise ModelError("max_worker cannot be less than min_worker.", 400)
         status, message = await registry.scale(

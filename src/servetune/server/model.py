@@ -126,7 +126,8 @@ class ServedModel:
         """Queue a job; raises NoWorker or QueueFull at once rather than letting the request hang."""
         if not self.accepting:
             raise NoWorker("Server is shutting down")
-        if not any(s.status == "READY" or s.status == "RESTARTING" for s in self._slots):
+        # Queue while a worker (re)starts; refuse at once when there is none, or every one is failing to start.
+        if not any(s.status != "CRASHED" and not s.retiring for s in self._slots):
             raise NoWorker
         self.batcher.put(job)
 
@@ -213,7 +214,7 @@ class ServedModel:
         worker = first
         while not slot.retiring and not self.closed:
             if worker is None:
-                delay = RESTART_BACKOFF_S[min(slot.crashes, len(RESTART_BACKOFF_S) - 1)]
+                delay = RESTART_BACKOFF_S[min(max(slot.crashes - 1, 0), len(RESTART_BACKOFF_S) - 1)]
                 if delay:
                     await asyncio.sleep(delay)
                 if slot.retiring or self.closed:
@@ -229,6 +230,7 @@ class ServedModel:
             slot.worker = worker
             slot.status = "READY"
             started = time.monotonic()
+            served = 0
             try:
                 while not slot.retiring and not self.closed:
                     batch = await self._next_batch_or_exit(worker)
@@ -237,6 +239,7 @@ class ServedModel:
                     slot.busy = True
                     try:
                         await self._dispatch(slot, worker, batch)
+                        served += 1
                     finally:
                         slot.busy = False
             except (WorkerDied, WorkerTimeout) as exc:
@@ -246,8 +249,8 @@ class ServedModel:
             # The worker is gone (or was killed for a timeout): count it and start another.
             worker.kill()
             await worker.wait_exit(5.0)
-            if time.monotonic() - started > HEALTHY_AFTER_S:
-                slot.crashes = 0
+            if served or time.monotonic() - started > HEALTHY_AFTER_S:
+                slot.crashes = 0  # it worked before it died: a fault, not a crash loop
             slot.crashes += 1
             slot.status = "RESTARTING"
             log.error("model %s: worker %s (pid %s) exited; restarting", self.name, worker.worker_id, worker.pid)

@@ -30,6 +30,8 @@ async def resolve(url: str, model_store: Path | None, allowed_urls: tuple[str, .
     """Return a local path for ``url`` (downloading into the model store if it is remote and allowed)."""
     if not url:
         raise _not_found("empty url")
+    if any(ord(ch) < 32 for ch in url):
+        raise ModelError("url must not contain control characters", 400, "BadRequestException")
     if ".." in url.replace("\\", "/").split("/") or "/../" in urllib.parse.unquote(url) or url.startswith(".."):
         raise _not_found(f"Relative path is not allowed in url: {url}")
     parsed = urllib.parse.urlparse(url)
@@ -44,7 +46,10 @@ async def resolve(url: str, model_store: Path | None, allowed_urls: tuple[str, .
     if model_store is None:
         raise _not_found(f"Model not found in model store: {url} (no model store is set)")
     store = model_store.resolve()
-    candidate = (raw_path if raw_path.is_absolute() else store / raw_path).resolve()
+    try:
+        candidate = (raw_path if raw_path.is_absolute() else store / raw_path).resolve()
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"Invalid url {url!r}: {exc}", 400, "BadRequestException") from None
     if not candidate.is_relative_to(store):
         # Outside the store: only if an allowed_urls pattern admits this file:// URL explicitly.
         _check_allowed(candidate.as_uri(), allowed_urls)

@@ -1,0 +1,74 @@
+"""``servetune tune STUDY.yaml``: find the deployment with the most throughput under a latency SLA."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from servetune.tune._values import duration
+
+
+@click.command("tune", context_settings={"show_default": True})
+@click.argument("study_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--sla-p99", type=float, help="P99 latency limit in ms; sets or overrides the study's SLA.")
+@click.option("--budget", help="Start no trial that would end after this long (90s, 20m, 1h30m).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Study folder for the checkpoint, reports and deploy files. [default: <study>-tune/ beside the study]",
+)
+@click.option("--strategy", type=click.Choice(["adaptive", "grid"]), help="Override the study's search strategy.")
+@click.option("--url", help="Tune this running server (its inference address) instead of starting one.")
+@click.option("--management-url", help="With --url: the management address. [default: inference port + 1]")
+@click.option(
+    "--key-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --url: the server's key_file.json, when token authorization is on.",
+)
+def command(
+    study_file: Path,
+    sla_p99: float | None,
+    budget: str | None,
+    out: Path | None,
+    strategy: str | None,
+    url: str | None,
+    management_url: str | None,
+    key_file: Path | None,
+) -> None:
+    """Search optimization x device x workers x batch size x batch delay for the config with the most
+    throughput (or the lowest cost) inside a latency SLA, and write it out ready to serve.
+
+    STUDY_FILE is servetune's study format or TorchServe's auto-benchmark model config (benchmarks/models_config).
+    Re-running the same study resumes it. Exit status: 0 when a config meets the SLA, 1 when none does.
+    """
+    from rich.console import Console
+
+    from servetune.tune import Remote, load_study, tune
+    from servetune.tune.report import describe, headline
+
+    console = Console(stderr=True)
+    budget_s = duration("--budget", budget) if budget is not None else None
+    study = load_study(study_file).with_overrides(sla_p99_ms=sla_p99, budget_s=budget_s, strategy=strategy)
+    out = out or study_file.with_name(f"{study_file.stem}-tune")
+    remote = Remote(url, management_url, key_file) if url else None
+    console.print(
+        f"tuning {study.model}: {study.size} configs, {study.sla.describe()}, strategy {study.strategy.name}, "
+        f"budget {study.budget.describe()} -> {out}",
+        highlight=False,
+    )
+    result = tune(study, out, remote=remote, console=console)
+    analysis = result.analysis
+    click.echo(headline(analysis, result.study))
+    if analysis.winner is not None and result.deployment is not None:
+        click.echo(f"winner: {describe(analysis.winner.config, result.study)}")
+        click.echo(f"serve it: {result.deployment.serve_command}")
+    click.echo(
+        f"{len(result.trials)} trials ({result.measured} measured now, {result.resumed} from the checkpoint); "
+        f"report: {result.report}"
+    )
+    if result.stopped == "interrupted":
+        sys.exit(130)
+    if analysis.winner is None:
+        sys.exit(1)

@@ -1,0 +1,179 @@
+"""The one loop: a strategy proposes, the runner measures (or the checkpoint already has it), the strategy observes,
+the checkpoint grows; then the report, the plots and the deploy artifacts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from servetune.tune.analysis import Analysis, analyse
+from servetune.tune.checkpoint import Checkpoint
+from servetune.tune.deploy import Deployment, write_deployment
+from servetune.tune.plots import write_plots
+from servetune.tune.progress import TuneProgress
+from servetune.tune.report import markdown, write_trials_csv
+from servetune.tune.runner import TrialRunner
+from servetune.tune.space import Space
+from servetune.tune.strategies import Proposal, Strategy, load_strategy
+from servetune.tune.study import Study
+from servetune.tune.target import EmbeddedTarget, RemoteTarget, Target
+from servetune.tune.trial import Trial, judge
+
+
+@dataclass
+class TuneResult:
+    study: Study
+    out_dir: Path
+    trials: list[Trial]
+    analysis: Analysis
+    measured: int  # trials measured by this run
+    resumed: int  # trials read back from the checkpoint
+    stopped: str | None  # why the search ended early, if it did
+    notes: list[str] = field(default_factory=list)
+    deployment: Deployment | None = None
+    report: Path | None = None
+    plots: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Tune an already running server instead of an embedded one."""
+
+    url: str
+    management_url: str | None = None
+    key_file: Path | None = None
+
+
+def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: Console | None = None) -> TuneResult:
+    """Run ``study`` (resuming from ``out_dir``'s checkpoint) and write every output into ``out_dir``."""
+    console = console or Console(stderr=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    target: Target
+    if remote is not None:
+        remote_target = RemoteTarget(remote.url, study.model, management_url=remote.management_url,
+                                     key_file=remote.key_file)  # fmt: skip
+        remote_target.start()
+        study, remote_notes = remote_target.adapt(study)
+        notes += remote_notes
+        target = remote_target
+    else:
+        target = EmbeddedTarget(study, out_dir)
+    for note in (*study.notes, *notes):
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    run = _Run(study, out_dir, target, console)
+    try:
+        run.loop()
+    finally:
+        target.close()
+    notes += run.notes
+    return _finish(run, notes, served_url=target.archive_url(study.families[0]) if remote else None)
+
+
+class _Run:
+    def __init__(self, study: Study, out_dir: Path, target: Target, console: Console) -> None:
+        self.study = study
+        self.out_dir = out_dir
+        self.console = console
+        self.runner = TrialRunner(study, target)
+        self.space = Space(study)
+        self.strategy: Strategy = load_strategy(study.strategy.name)(self.space, study)
+        self.checkpoint = Checkpoint(out_dir / "trials.jsonl", study.fingerprint())
+        self.notes: list[str] = []
+        self.trials: list[Trial] = []
+        self.measured = 0
+        self.stopped: str | None = None
+        self.started = time.monotonic()
+        self._walls: list[float] = []
+
+    def loop(self) -> None:
+        previous = {t.key: t for t in self.checkpoint.load()}
+        if self.checkpoint.note:
+            self.notes.append(self.checkpoint.note)
+            self.console.print(f"[yellow]note:[/] {self.checkpoint.note}", highlight=False)
+        self.checkpoint.rewrite(list(previous.values()))
+        if previous:
+            self.console.print(f"resuming: {len(previous)} trials already in {self.checkpoint.path}", highlight=False)
+        self.next_index = max((t.index for t in previous.values()), default=-1) + 1
+        with TuneProgress(self.console, f"tune {self.study.model}", budget_s=self.study.budget.seconds) as bar:
+            self.bar = bar
+            proposal: Proposal | None = Proposal(self.study.baseline, 0, "the default config (1 worker, batch 1)")
+            try:
+                while proposal is not None:
+                    if not self._take(proposal, previous):
+                        break
+                    proposal = self.strategy.propose()
+            except KeyboardInterrupt:
+                self.stopped = "interrupted"
+        if self.stopped:
+            self.notes.append(f"the search stopped early: {self.stopped}; run again to resume")
+
+    def _take(self, proposal: Proposal, previous: dict[tuple[str, int], Trial]) -> bool:
+        key = (proposal.config.key, proposal.repeat)
+        trial = previous.get(key)
+        if trial is None:
+            reason = self._over_budget()
+            if reason is not None:
+                self.stopped = reason
+                return False
+            trial = self.runner.run(proposal, self.next_index)
+            self.next_index += 1
+            self.measured += 1
+            self._walls.append(trial.wall_s)
+            self.checkpoint.append(trial)
+            self._print(trial)
+        self.trials.append(trial)
+        self.strategy.observe(trial)
+        self.bar.update(len(self.trials), self.strategy.remaining(), self._best(),
+                        wall_s=trial.wall_s if key not in previous else None)  # fmt: skip
+        return True
+
+    def _over_budget(self) -> str | None:
+        budget = self.study.budget
+        if budget.trials is not None and len(self.trials) >= budget.trials:
+            return f"the trial budget ({budget.trials}) is used up"
+        if budget.seconds is not None:
+            elapsed = time.monotonic() - self.started
+            expected = sum(self._walls) / len(self._walls) if self._walls else 0.0
+            if elapsed + expected > budget.seconds:
+                return f"the time budget ({budget.describe()}) would be exceeded by another trial"
+        return None
+
+    def _best(self) -> str:
+        passed = [s for s in self.strategy.summaries() if s.verdict.passed]
+        if not passed:
+            return "none meets the SLA yet"
+        best = passed[0]
+        return f"{best.config.key} {best.throughput_rps:.1f} req/s P99 {best.latency('p99_ms') or 0:.0f} ms"
+
+    def _print(self, trial: Trial) -> None:
+        head = f"trial {trial.index:>3} {trial.config.key}"
+        if trial.status != "ok" or trial.result is None:
+            self.bar.line(f"{head}: [red]error[/] {trial.error}")
+            return
+        verdict = judge(trial.figures(), trial.config, self.study)
+        p99 = trial.result.latency.p99_ms if trial.result.latency else float("nan")
+        load = ", ".join(f"{k} {v}" for k, v in trial.load.items())
+        mark = "[green]pass[/]" if verdict.passed else f"[red]miss[/] ({verdict.reason})"
+        self.bar.line(f"{head}: {trial.result.throughput_rps:.1f} req/s, P99 {p99:.1f} ms [{load}] {mark}")
+
+
+def _finish(run: _Run, notes: list[str], *, served_url: str | None) -> TuneResult:
+    study, out_dir = run.study, run.out_dir
+    analysis = analyse(study, run.trials)
+    write_trials_csv(run.trials, study, out_dir / "trials.csv")
+    plots = write_plots(analysis, study, out_dir)
+    deployment = None
+    if analysis.winner is not None:
+        deployment = write_deployment(study, analysis.winner.config, out_dir, served_url=served_url)
+    report = out_dir / "report.md"
+    report.write_text(
+        markdown(analysis, study, run.trials, notes=[*study.notes, *notes],
+                 serve_command=deployment.serve_command if deployment else None,
+                 plots=[p.name for p in plots])  # fmt: skip
+    )
+    return TuneResult(study, out_dir, run.trials, analysis, run.measured, len(run.trials) - run.measured,
+                      run.stopped, notes, deployment, report, plots)  # fmt: skip

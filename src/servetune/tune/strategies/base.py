@@ -1,0 +1,75 @@
+"""The strategy interface and what every strategy shares: the trials seen so far and the final re-measure."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+from servetune.tune.space import Space
+from servetune.tune.study import Config, Study
+from servetune.tune.trial import Summary, Trial, summarise_all
+
+Plan = Generator["Proposal", None, None]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Measure ``config`` (its ``repeat``-th measurement, counting from 0) because of ``reason``."""
+
+    config: Config
+    repeat: int = 0
+    reason: str = ""
+
+
+class Strategy:
+    """Subclasses write :meth:`plan`, a generator of proposals that reads :attr:`trials` after each yield:
+    the loop observes the proposal's trial before it asks for the next one."""
+
+    name = "base"
+
+    def __init__(self, space: Space, study: Study) -> None:
+        self.space = space
+        self.study = study
+        self.trials: list[Trial] = []
+        self._plan: Plan | None = None
+        self._done = False
+
+    # ---- the interface the loop calls ------------------------------------------------------------------
+
+    def propose(self) -> Proposal | None:
+        """The next config to measure, or None when the search is over."""
+        if self._done:
+            return None
+        if self._plan is None:
+            self._plan = self.plan()
+        proposal = next(self._plan, None)
+        self._done = proposal is None
+        return proposal
+
+    def observe(self, trial: Trial) -> None:
+        self.trials.append(trial)
+
+    def remaining(self) -> int:
+        """An estimate of the trials still to come (for the progress bar's ETA)."""
+        return 0
+
+    # ---- for subclasses -----------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        raise NotImplementedError
+
+    def summaries(self) -> list[Summary]:
+        """Configs of the space measured so far, best first."""
+        return [s for s in summarise_all(self.trials, self.study) if s.config in self.space]
+
+    def summary(self, config: Config) -> Summary | None:
+        return next((s for s in self.summaries() if s.config == config), None)
+
+    def measured(self, config: Config) -> bool:
+        return any(t.config == config for t in self.trials)
+
+    def remeasure(self) -> Plan:
+        """Measure the best few configs that met the SLA once more, so that one lucky run does not win."""
+        top = [s for s in self.summaries() if s.verdict.passed][: self.study.strategy.remeasure]
+        for summary in top:
+            yield Proposal(summary.config, len(summary.trials), "re-measure a top candidate")

@@ -1,0 +1,146 @@
+"""The server trials run on: an embedded ``servetune serve`` the tuner starts, or a server already running
+(``--url``), which only lets the tuner change what its management API can change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Protocol
+
+from servetune._exceptions import ConfigError, ServetuneError
+from servetune.tune.archives import ArchiveBuilder
+from servetune.tune.management import ManagementClient, ManagementError
+from servetune.tune.study import Config, Family, Study
+
+
+class Target(Protocol):
+    inference_url: str
+    metrics_url: str | None
+    inference_headers: dict[str, str]
+    management: ManagementClient
+    can_register: bool
+
+    def start(self) -> None: ...
+
+    def archive_url(self, family: Family) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def queue_size(workers: int, batch_size: int) -> int:
+    """A job queue deep enough that a full round of batches never bounces off it."""
+    return max(100, 4 * workers * batch_size)
+
+
+class EmbeddedTarget:
+    """Starts ``servetune serve`` (model API on, token auth on) with the study folder's ``store/`` as model store;
+    each family's archive folder is written there the first time a trial needs it."""
+
+    can_register = True
+
+    def __init__(self, study: Study, out_dir: Path, *, echo: bool = False) -> None:
+        from servetune.server.embedded import EmbeddedServer
+
+        self.study = study
+        self.store = out_dir / "store"
+        self.store.mkdir(parents=True, exist_ok=True)
+        self.builder = ArchiveBuilder(self.store)
+        self._urls: dict[str, str] = {}
+        widest = max(queue_size(max(f.workers), max(f.batch_sizes)) for f in study.families)
+        properties = {"enable_model_api": "true", "job_queue_size": str(widest), **study.server}
+        self.server = EmbeddedServer(self.store, properties=properties, echo=echo)
+        self.inference_url = ""
+        self.metrics_url: str | None = None
+        self.inference_headers: dict[str, str] = {}
+        self.management = ManagementClient("http://127.0.0.1:1")
+
+    def start(self) -> None:
+        self.server.start()
+        self.inference_url = self.server.inference_url
+        self.inference_headers = self.server.auth_headers("inference")
+        self.management = ManagementClient(self.server.management_url, self.server.auth_headers("management"))
+
+    def archive_url(self, family: Family) -> str:
+        if family.label not in self._urls:
+            self._urls[family.label] = self.builder.family(family)
+        return self._urls[family.label]
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+class RemoteTarget:
+    """A running server. Scaling workers always works; batch size and delay need its model API (re-registering the
+    model from its own URL); optimization and device cannot change. Its settings are put back at the end."""
+
+    def __init__(
+        self, url: str, model: str, *, management_url: str | None = None, key_file: Path | None = None
+    ) -> None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"--url={url!r}: expected the inference address, http://HOST:PORT")
+        self.inference_url = url.rstrip("/")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        default_management = f"{parts.scheme}://{parts.hostname}:{port + 1}"
+        self.metrics_url: str | None = f"{parts.scheme}://{parts.hostname}:{port + 2}/metrics"
+        headers: dict[str, dict[str, str]] = {"management": {}, "inference": {}}
+        if key_file is not None:
+            try:
+                keys = json.loads(key_file.read_text())
+                headers = {kind: {"Authorization": f"Bearer {keys[kind]['key']}"} for kind in headers}
+            except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+                raise ConfigError(f"--key-file={str(key_file)!r}: not a TorchServe key file ({exc})") from None
+        self.inference_headers = headers["inference"]
+        self.management = ManagementClient(management_url or default_management, headers["management"])
+        self.model = model
+        self.original: dict[str, object] = {}
+        self.can_register = False
+
+    def start(self) -> None:
+        if self.original:
+            return
+        try:
+            described = self.management.describe(self.model)
+        except ManagementError as exc:
+            raise ServetuneError(f"--url: model {self.model!r} is not served there: {exc}") from None
+        self.original = described
+        self.can_register = self.management.model_api_enabled()
+
+    def adapt(self, study: Study) -> tuple[Study, list[str]]:
+        """The study reduced to what this server lets the tuner change."""
+        described = self.original
+        notes = ["--url: optimization and device stay as the server has them"]
+        family = dataclasses.replace(
+            study.families[0], label="served", optimization="as served", device=str(described.get("deviceType", "cpu"))
+        )
+        default = None
+        if not self.can_register:
+            notes.append("--url: the server's model API is off: only the number of workers is tuned")
+            batch, delay = int(str(described.get("batchSize", 1))), int(str(described.get("maxBatchDelay", 100)))
+            family = dataclasses.replace(family, batch_sizes=(batch,), batch_delays_ms=(delay,))
+            default = Config("served", 1, batch, delay)
+        adapted = dataclasses.replace(study, families=(family,), baseline_family=family, default_config=default)
+        return adapted, notes
+
+    def archive_url(self, family: Family) -> str:
+        return str(self.original.get("modelUrl", ""))
+
+    def restore(self) -> None:
+        """Put the model back as it was found."""
+        described = self.management.describe(self.model)
+        batch, delay = self.original.get("batchSize"), self.original.get("maxBatchDelay")
+        workers = len(self.original.get("workers") or []) or int(str(self.original.get("minWorkers", 1)))
+        if (described.get("batchSize"), described.get("maxBatchDelay")) != (batch, delay) and self.can_register:
+            self.management.unregister(self.model)
+            self.management.register(
+                str(self.original["modelUrl"]), self.model, batch_size=int(str(batch)),
+                max_batch_delay=int(str(delay)), workers=workers,
+            )  # fmt: skip
+        else:
+            self.management.scale(self.model, workers)
+
+    def close(self) -> None:
+        self.restore()

@@ -1,0 +1,164 @@
+"""What one trial measured, how it is judged against the SLA, and how repeats of a config combine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from servetune.bench.result import BenchResult
+from servetune.tune.study import Config, Study
+
+LATENCY_KEYS = ("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One load run of a capacity search: closed-loop saturation (``rate`` None) or an open-loop rate."""
+
+    rate: float | None
+    concurrency: int | None
+    throughput_rps: float
+    p99_ms: float | None
+    error_rate: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measurement of one config. ``repeat`` counts earlier measurements of the same config in this study.
+
+    ``result`` is the load run the figures come from: the only run under fixed concurrency; under capacity search
+    the highest rate that met the SLA (or, if none did, the lowest rate tried). ``status`` is ``error`` when the
+    config could not be served or measured at all (``error`` says why).
+    """
+
+    index: int
+    config: Config
+    repeat: int
+    status: str
+    result: BenchResult | None = None
+    error: str = ""
+    probes: tuple[Probe, ...] = ()
+    capacity_rps: float | None = None
+    memory_bytes: int = 0
+    setup_s: float = 0.0
+    wall_s: float = 0.0
+    started_at: str = ""
+    reason: str = ""
+    load: Mapping[str, Any] = field(default_factory=dict)  # {"concurrency": N} or {"rate": R, "arrival": ...}
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.config.key, self.repeat
+
+    def figures(self) -> Figures | None:
+        return figures_of(self.result) if self.status == "ok" else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("result", "probes")}
+        data["config"] = asdict(self.config)
+        data["result"] = self.result.to_dict() if self.result is not None else None
+        data["probes"] = [asdict(p) for p in self.probes]
+        data["load"] = dict(self.load)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trial:
+        values = dict(data)
+        values["config"] = Config(**values["config"])
+        values["result"] = BenchResult.from_dict(values["result"]) if values.get("result") else None
+        values["probes"] = tuple(Probe(**p) for p in values.get("probes", ()))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Figures:
+    throughput_rps: float
+    latency: Mapping[str, float]
+    error_rate: float
+
+
+def figures_of(result: BenchResult | None) -> Figures | None:
+    """The figures a verdict is made from; None without a single successful request."""
+    if result is None or result.latency is None:
+        return None
+    lat = result.latency
+    return Figures(result.throughput_rps, {k: getattr(lat, k) for k in LATENCY_KEYS}, result.error_rate)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``score`` orders configs: the objective when the SLA is met, else minus how far it was missed."""
+
+    passed: bool
+    latency_ok: bool
+    violation: float
+    objective: float
+    score: float
+    reason: str
+
+
+def judge(figures: Figures | None, config: Config, study: Study) -> Verdict:
+    if figures is None:
+        return Verdict(False, False, math.inf, 0.0, -math.inf, "no measurement")
+    misses: list[str] = []
+    violation = 0.0
+    for key, limit in study.sla.limits():
+        value = figures.latency[key]
+        violation = max(violation, value / limit - 1.0)
+        if value > limit:
+            misses.append(f"{key.removesuffix('_ms').upper()} {value:.1f} ms > {limit:g} ms")
+    latency_ok = not misses
+    if figures.error_rate > study.sla.max_error_rate:
+        misses.append(f"errors {100 * figures.error_rate:.2f}% > {100 * study.sla.max_error_rate:g}%")
+        violation = max(violation, figures.error_rate - study.sla.max_error_rate)
+    passed = not misses
+    objective = study.objective.value(figures.throughput_rps, study.family(config.family).device) if passed else 0.0
+    return Verdict(passed, latency_ok, violation, objective, objective if passed else -violation, "; ".join(misses))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A config's trials combined: figures averaged over its successful repeats, judged once on the averages."""
+
+    config: Config
+    trials: tuple[Trial, ...]
+    figures: Figures | None
+    verdict: Verdict
+    memory_bytes: int
+
+    @property
+    def throughput_rps(self) -> float:
+        return self.figures.throughput_rps if self.figures else 0.0
+
+    def latency(self, key: str = "p99_ms") -> float | None:
+        return self.figures.latency[key] if self.figures else None
+
+    @property
+    def error(self) -> str:
+        return next((t.error for t in self.trials if t.status == "error"), "")
+
+
+def summarise(config: Config, trials: Iterable[Trial], study: Study) -> Summary:
+    own = tuple(t for t in trials if t.config == config)
+    measured = [f for t in own if (f := t.figures()) is not None]
+    figures = None
+    if measured:
+        n = len(measured)
+        figures = Figures(
+            sum(f.throughput_rps for f in measured) / n,
+            {k: sum(f.latency[k] for f in measured) / n for k in LATENCY_KEYS},
+            sum(f.error_rate for f in measured) / n,
+        )
+    memory = max((t.memory_bytes for t in own), default=0)
+    return Summary(config, own, figures, judge(figures, config, study), memory)
+
+
+def summarise_all(trials: Iterable[Trial], study: Study) -> list[Summary]:
+    """One summary per config, best score first."""
+    trials = list(trials)
+    configs = list(dict.fromkeys(t.config for t in trials))
+    summaries = [summarise(c, trials, study) for c in configs]
+    return sorted(summaries, key=lambda s: (-s.verdict.score, -s.throughput_rps, s.config))

@@ -1,0 +1,75 @@
+"""A model whose cost is known, for tuner tests and benchmarks: each batch takes ``a_ms + b_ms * batch_size``, and at
+most ``slots`` batches run at once across all workers (file locks in ``lock_dir``), so beyond ``slots`` workers
+more workers stop helping, as on a machine with that many cores."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from servetune.archive import create_archive
+
+COST_HANDLER = textwrap.dedent(
+    """
+    import fcntl
+    import os
+    import time
+
+    _slots = []
+
+    def _acquire():
+        while True:
+            for fd in _slots:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return fd
+                except BlockingIOError:
+                    continue
+            time.sleep(0.0005)
+
+    def handle(data, context):
+        cfg = context.model_yaml_config["cost"]
+        if data is None:
+            for i in range(int(cfg["slots"])):
+                _slots.append(os.open(os.path.join(cfg["lock_dir"], f"slot{i}"), os.O_CREAT | os.O_RDWR))
+            return None
+        fd = _acquire()
+        try:
+            time.sleep((float(cfg["a_ms"]) + float(cfg["b_ms"]) * len(data)) / 1000.0)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return [{"batch_size": len(data)} for _ in data]
+    """
+)
+
+
+def cost_archive(store: Path, lock_dir: Path, *, a_ms: float, b_ms: float, slots: int, name: str = "cost") -> Path:
+    """Build ``<store>/<name>.mar`` with the known-cost handler."""
+    store.mkdir(parents=True, exist_ok=True)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    src = store / f".src-{name}"
+    src.mkdir(exist_ok=True)
+    handler = src / "cost_handler.py"
+    handler.write_text(COST_HANDLER)
+    config_file = src / "model-config.yaml"
+    cost = {"a_ms": a_ms, "b_ms": b_ms, "slots": slots, "lock_dir": str(lock_dir.resolve())}
+    config_file.write_text(yaml.safe_dump({"cost": cost}))
+    return create_archive(
+        model_name=name,
+        version="1.0",
+        handler=str(handler),
+        config_file=str(config_file),
+        export_path=str(store),
+        force=True,
+    )
+
+
+def expected_closed_loop(a_ms: float, b_ms: float, slots: int, workers: int, batch: int) -> tuple[float, float]:
+    """(throughput req/s, typical latency ms) with batch x workers clients in closed loop: ``min(workers, slots)``
+    batches run at once; with more workers than slots the extra batches wait a turn."""
+    service = a_ms + b_ms * batch
+    running = min(workers, slots)
+    rounds = -(-workers // running)
+    return running * batch * 1000.0 / service, service * rounds
