@@ -30,6 +30,10 @@ SLEEP_HANDLER = textwrap.dedent(
             return None
         cfg = context.model_yaml_config.get("sleep", {})
         bodies = [row.get("data") or row.get("body") for row in data]
+        if cfg.get("record"):
+            with open(cfg["record"], "a") as fh:
+                for body in bodies:
+                    fh.write((body.decode() if isinstance(body, (bytes, bytearray)) else str(body)) + "\\n")
         for body in bodies:
             if body in (b"exit", bytearray(b"exit"), "exit"):
                 os._exit(3)

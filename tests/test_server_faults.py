@@ -198,3 +198,23 @@ def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
         proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"orphan workers: {alive}"
+
+
+def test_requests_of_disconnected_clients_never_reach_a_worker(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    record = tmp_path / "handled.txt"
+    sleep_archive(store, batch_ms=0, model_config={"sleep": {"record": str(record)}})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    url = f"{server.inference_url}/predictions/sleep"
+    _wait_ready(server)
+    busy = threading.Thread(target=call, args=("POST", url, b"sleep:2"))
+    busy.start()
+    time.sleep(0.3)  # the only worker is now busy for 2 s
+    try:
+        call("POST", url, b"impatient", timeout=0.3)
+    except OSError:
+        pass  # the client gave up and closed its connection
+    assert call("POST", url, b"patient").status == 200
+    busy.join()
+    handled = record.read_text().split()
+    assert "patient" in handled and "impatient" not in handled

@@ -95,8 +95,8 @@ def apply_variant(
         result.convert_seconds = time.perf_counter() - started
         if check and example is not None:
             result.parity = _check(canonical, model, result, parity_samples(example), tol)
-    seen = dict.fromkeys(f"{w.category.__name__}: {str(w.message).strip().splitlines()[0][:160]}" for w in caught)
-    result.warnings = list(seen)
+    lines = (f"{w.category.__name__}: {(str(w.message).strip().splitlines() or [''])[0][:160]}" for w in caught)
+    result.warnings = list(dict.fromkeys(lines))
     return result
 
 
