@@ -2,149 +2,79 @@
 
 from __future__ import annotations
 
-import os
-import re
+import json
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
 
-_BOUND = re.compile(r"^(Inference|Management|Metrics) API bound to (\S+)")
+from servetune.server.embedded import EmbeddedServer
 
 
-@dataclass
-class RunningServer:
-    proc: subprocess.Popen[str]
-    workdir: Path
-    inference_url: str = ""
-    management_url: str = ""
-    metrics_url: str = ""
-    output: list[str] = field(default_factory=list)
-    pump: threading.Thread | None = None
+class RunningServer(EmbeddedServer):
+    """An embedded server as tests use it: the key file in its workdir, and no orphans allowed at stop."""
 
     @property
     def token(self) -> str | None:
         key_file = self.workdir / "key_file.json"
-        if not key_file.exists():
-            return None
-        import json
-
-        return str(json.loads(key_file.read_text())["management"]["key"])
+        return str(json.loads(key_file.read_text())["management"]["key"]) if key_file.exists() else None
 
     def auth(self) -> dict[str, str]:
-        token = self.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        return self.auth_headers()
 
     def worker_pids(self) -> list[int]:
         try:
-            return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+            return [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)] if self.proc else []
         except psutil.NoSuchProcess:
             return []
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:  # type: ignore[override]
         """Stop the server; return its exit code. Fails the test if a worker process outlives it."""
         pids = self.worker_pids()
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None and sig != signal.SIGTERM:
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        code = super().stop(timeout)
+
+        def alive() -> list[int]:
+            return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
         deadline = time.monotonic() + 10
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        while alive and time.monotonic() < deadline:
+        while alive() and time.monotonic() < deadline:
             time.sleep(0.1)
-            alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if self.pump is not None:
-            self.pump.join(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        assert not alive, f"orphan worker processes after the server stopped: {alive}"
-        return self.proc.returncode
-
-
-def _launch(
-    workdir: Path,
-    model_store: Path | None,
-    models: dict[str, Path] | list[str] | None,
-    properties: dict[str, str] | None,
-    extra_args: list[str],
-    timeout: float,
-) -> RunningServer:
-    props = {
-        "inference_address": "http://127.0.0.1:0",
-        "management_address": "http://127.0.0.1:0",
-        "metrics_address": "http://127.0.0.1:0",
-        "default_workers_per_model": "1",
-        **(properties or {}),
-    }
-    config = workdir / "config.properties"
-    config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    args = [sys.executable, "-m", "servetune", "serve", "--ts-config", str(config)]
-    if model_store is not None:
-        args += ["--model-store", str(model_store)]
-    if models:
-        entries = [f"{k}={v}" for k, v in models.items()] if isinstance(models, dict) else list(models)
-        args += ["--models", " ".join(entries)]
-    args += extra_args
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    server = RunningServer(proc, workdir)
-    started = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            server.output.append(line.rstrip("\n"))
-            match = _BOUND.match(line)
-            if match:
-                setattr(server, f"{match.group(1).lower()}_url", match.group(2))
-            if line.startswith("Model server started."):
-                started.set()
-        started.set()
-
-    server.pump = threading.Thread(target=pump, daemon=True)
-    server.pump.start()
-    if not started.wait(timeout) or proc.poll() is not None:
-        proc.kill()
-        proc.wait()
-        server.pump.join(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
-        raise RuntimeError("server did not start:\n" + "\n".join(server.output[-40:]))
-    return server
+        assert not alive(), f"orphan worker processes after the server stopped: {alive()}"
+        return code
 
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
     """Start ``servetune serve`` on ephemeral ports: ``start_server(model_store=..., models={...}, properties={...})``.
 
-    Token authorization is off unless ``properties`` turns it on (``disable_token_authorization=false``).
-    Every server started is stopped at the end, and leaves no worker process behind.
+    One worker per start-up model unless ``properties`` says otherwise; token authorization is off unless
+    ``properties`` turns it on (``disable_token_authorization=false``). Every server started is stopped at the
+    end, and must leave no worker process behind.
     """
     servers: list[RunningServer] = []
 
     def start(
         model_store: Path | None = None,
-        models: dict[str, Path] | list[str] | None = None,
+        models: dict[str, str] | None = None,
         properties: dict[str, str] | None = None,
-        extra_args: list[str] | None = None,
         timeout: float = 120.0,
     ) -> RunningServer:
-        props = {"disable_token_authorization": "true", **(properties or {})}
+        props = {"disable_token_authorization": "true", "default_workers_per_model": "1", **(properties or {})}
         workdir = tmp_path / f"server{len(servers)}"
-        workdir.mkdir()
-        server = _launch(workdir, model_store, models, props, extra_args or [], timeout)
+        server = RunningServer(model_store, models, props, workdir=workdir, startup_timeout=timeout,
+                               fail_on_model_error=False)
         servers.append(server)
-        return server
+        return server.start()  # type: ignore[return-value]
 
     yield start
     for server in servers:

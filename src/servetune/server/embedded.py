@@ -36,6 +36,7 @@ class EmbeddedServer:
         workdir: Path | None = None,
         startup_timeout: float = 300.0,
         echo: bool = False,
+        fail_on_model_error: bool = True,
     ) -> None:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="servetune-embedded-")
         self.workdir = workdir or Path(self._tmp.name if self._tmp else ".")
@@ -51,6 +52,7 @@ class EmbeddedServer:
         }
         self.startup_timeout = startup_timeout
         self.echo = echo
+        self.fail_on_model_error = fail_on_model_error
         self.output: list[str] = []
         self.urls: dict[str, str] = {}
         self.proc: subprocess.Popen[str] | None = None
@@ -114,7 +116,7 @@ class EmbeddedServer:
             tail = "\n".join(self.output[-30:])
             raise ServetuneError(f"the embedded server did not start:\n{tail}")
         failed = [line for line in self.output if line.startswith("ERROR: failed to load model")]
-        if failed:
+        if failed and self.fail_on_model_error:
             self.stop()
             raise ServetuneError("; ".join(failed))
         return self

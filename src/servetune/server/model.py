@@ -352,6 +352,7 @@ class ServedModel:
                     "memoryUsage": w.memory_bytes() if w else 0,
                     "pid": w.pid if w and w.pid else -1,
                     "gpu": w is not None and w.gpu_id is not None,
+                    "gpuId": w.gpu_id if w is not None else None,
                     "gpuUsage": "N/A",
                     "restarts": slot.crashes,
                     **({"lastError": slot.last_error} if slot.last_error else {}),

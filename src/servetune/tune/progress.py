@@ -54,4 +54,4 @@ class TuneProgress:
         self._bar.update(self._task, completed=done, total=done + max(remaining, 0), eta=self.eta(remaining), best=best)
 
     def line(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        self.console.print(text, highlight=False, soft_wrap=True)

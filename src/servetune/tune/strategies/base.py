@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from servetune.tune.space import Space
+from servetune.tune.space import Space, cheap_order
 from servetune.tune.study import Config, Study
 from servetune.tune.trial import Summary, Trial, summarise_all
 
@@ -70,6 +70,7 @@ class Strategy:
 
     def remeasure(self) -> Plan:
         """Measure the best few configs that met the SLA once more, so that one lucky run does not win."""
-        top = [s for s in self.summaries() if s.verdict.passed][: self.study.strategy.remeasure]
-        for summary in top:
-            yield Proposal(summary.config, len(summary.trials), "re-measure a top candidate")
+        top = {s.config: s for s in self.summaries() if s.verdict.passed}
+        chosen = list(top)[: self.study.strategy.remeasure]
+        for config in cheap_order(chosen):
+            yield Proposal(config, len(top[config].trials), "re-measure a top candidate")
