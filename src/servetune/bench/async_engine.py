@@ -1,4 +1,4 @@
-"""The built-in engine: one aiohttp session, keep-alive connections, closed or open loop.
+"""The built-in engine: keep-alive connections (a lean HTTP/1.1 client, see http11.py), closed or open loop.
 
 Closed loop: ``concurrency`` clients, each sends its next request when the previous one is answered. The warm-up is
 a separate phase that drains before measurement starts.
@@ -19,16 +19,15 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 
-import aiohttp
-
 from servetune.bench.engines import RunHooks
+from servetune.bench.http11 import Http11Pool, encode_request
 from servetune.bench.payload import Payload
 from servetune.bench.recording import CONNECTION, LATE_MS, TIMEOUT, Recording
 from servetune.bench.spec import BenchSpec
 
-QUEUE_HEADER = "X-Servetune-Queue-Ms"
-HANDLER_HEADER = "X-Servetune-Handler-Ms"
-BATCH_HEADER = "X-Servetune-Batch-Size"
+QUEUE_HEADER = "x-servetune-queue-ms"
+HANDLER_HEADER = "x-servetune-handler-ms"
+BATCH_HEADER = "x-servetune-batch-size"
 _EARLY_MIN, _EARLY_MAX = 0.001, 0.005
 _NAN = math.nan
 
@@ -57,31 +56,28 @@ def _number(value: str | None) -> float:
 class _Sender:
     """Sends request ``i`` (payloads cycled) and returns (status, queue ms, handler ms, batch size)."""
 
-    def __init__(self, session: aiohttp.ClientSession, spec: BenchSpec, payloads: Sequence[Payload]) -> None:
-        self.session = session
-        self.url = spec.url
-        self.method = spec.method.upper()
-        self.bodies = [p.body if self.method != "GET" else None for p in payloads]
-        self.headers = []
+    def __init__(self, pool: Http11Pool, spec: BenchSpec, payloads: Sequence[Payload]) -> None:
+        self.pool = pool
+        method = spec.method.upper()
+        self.requests = []
         for payload in payloads:
-            headers = dict(spec.headers)
-            if payload.content_type and self.method != "GET":
-                headers.setdefault("Content-Type", payload.content_type)
-            self.headers.append(headers)
+            headers = list(spec.headers)
+            if payload.content_type and method != "GET":
+                if not any(name.lower() == "content-type" for name, _ in headers):
+                    headers.append(("Content-Type", payload.content_type))
+            body = None if method == "GET" else payload.body
+            self.requests.append(encode_request(method, spec.url, headers, body))
 
     async def send(self, i: int) -> tuple[int, float, float, int]:
-        k = i % len(self.bodies)
         try:
-            async with self.session.request(self.method, self.url, data=self.bodies[k], headers=self.headers[k]) as r:
-                await r.read()
-                h = r.headers
-                batch = _number(h.get(BATCH_HEADER))
-                size = 0 if math.isnan(batch) else int(batch)
-                return r.status, _number(h.get(QUEUE_HEADER)), _number(h.get(HANDLER_HEADER)), size
-        except TimeoutError:
+            status, headers = await self.pool.request(self.requests[i % len(self.requests)])
+        except (TimeoutError, asyncio.TimeoutError):
             return TIMEOUT, _NAN, _NAN, 0
-        except (aiohttp.ClientError, OSError):
+        except OSError:
             return CONNECTION, _NAN, _NAN, 0
+        batch = _number(headers.get(BATCH_HEADER))
+        size = 0 if math.isnan(batch) else int(batch)
+        return status, _number(headers.get(QUEUE_HEADER)), _number(headers.get(HANDLER_HEADER)), size
 
 
 class AsyncEngine:
@@ -91,18 +87,14 @@ class AsyncEngine:
 
     async def run(self, spec: BenchSpec, payloads: Sequence[Payload], hooks: RunHooks) -> Recording:
         limit = spec.clients if spec.mode == "closed" else spec.max_connections
-        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=None)
-        async with aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=spec.timeout),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
-        ) as session:
-            sender = _Sender(session, spec, payloads)
+        pool = Http11Pool(spec.url, limit, spec.timeout)
+        sender = _Sender(pool, spec, payloads)
+        try:
             if spec.mode == "closed":
                 return await self._closed(spec, sender, hooks)
             return await self._open(spec, sender, hooks)
+        finally:
+            pool.close()
 
     async def _closed(self, spec: BenchSpec, sender: _Sender, hooks: RunHooks) -> Recording:
         issued = 0

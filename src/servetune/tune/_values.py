@@ -85,6 +85,8 @@ def duration(where: str, value: Any) -> float:
     """Seconds from ``90``, ``90s``, ``20m``, ``1h30m``, ``500ms`` (a bare number is seconds)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return number(where, value)
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+(?:\.\d*)?\s*", value) and float(value) > 0:
+        return float(value)
     if isinstance(value, str) and _DURATION.match(value):
         seconds = sum(float(n) * _SCALE[u.lower()] for n, u in _DURATION_PART.findall(value))
         if seconds > 0:

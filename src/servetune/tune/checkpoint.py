@@ -30,7 +30,9 @@ class Checkpoint:
         if not header or header.get("format") != FORMAT or header.get("fingerprint") != self.fingerprint:
             stale = self.path.with_name(f"{self.path.stem}.{time.strftime('%Y%m%d-%H%M%S')}.stale.jsonl")
             self.path.rename(stale)
-            self.note = f"the study changed since its checkpoint was written: starting fresh (old one kept: {stale.name})"
+            self.note = (
+                f"the study changed since its checkpoint was written: starting fresh (old one kept: {stale.name})"
+            )
             return []
         trials = []
         for number, line in enumerate(lines[1:], start=2):

@@ -171,9 +171,14 @@ def _finish(run: _Run, notes: list[str], *, served_url: str | None) -> TuneResul
         deployment = write_deployment(study, analysis.winner.config, out_dir, served_url=served_url)
     report = out_dir / "report.md"
     report.write_text(
-        markdown(analysis, study, run.trials, notes=[*study.notes, *notes],
-                 serve_command=deployment.serve_command if deployment else None,
-                 plots=[p.name for p in plots])  # fmt: skip
+        markdown(
+            analysis,
+            study,
+            run.trials,
+            notes=[*study.notes, *notes],
+            serve_command=deployment.serve_command if deployment else None,
+            plots=[p.name for p in plots],
+        )
     )
     return TuneResult(study, out_dir, run.trials, analysis, run.measured, len(run.trials) - run.measured,
                       run.stopped, notes, deployment, report, plots)  # fmt: skip

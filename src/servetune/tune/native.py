@@ -1,19 +1,19 @@
 """servetune's own study format.
 
-    model: resnet18                 # the name to serve under (default: the archive's file name)
-    archive: model_store/resnet18.mar
-    input: kitten.jpg               # a file, or a folder of files sent in turn
-    sla: {p99_ms: 100}              # and/or p95_ms, mean_ms; max_error_rate (default 0.001)
-    objective: throughput           # or {cost: {cpu: 0.40, cuda: 3.00}}  (price per device-hour)
-    space:
-      optimizations: [eager, bf16]
-      devices: [cpu, cuda]
-      workers: [1, 2, 4]
-      batch_size: [1, 2, 4, 8]
-      batch_delay_ms: [10, 50]
-    load: capacity                  # or {concurrency: 16}; default: clients = batch size x workers
-    strategy: adaptive              # or grid; {name: adaptive, remeasure: 3}
-    budget: 20m                     # or {time: 20m, trials: 40}
+model: resnet18                 # the name to serve under (default: the archive's file name)
+archive: model_store/resnet18.mar
+input: kitten.jpg               # a file, or a folder of files sent in turn
+sla: {p99_ms: 100}              # and/or p95_ms, mean_ms; max_error_rate (default 0.001)
+objective: throughput           # or {cost: {cpu: 0.40, cuda: 3.00}}  (price per device-hour)
+space:
+  optimizations: [eager, bf16]
+  devices: [cpu, cuda]
+  workers: [1, 2, 4]
+  batch_size: [1, 2, 4, 8]
+  batch_delay_ms: [10, 50]
+load: capacity                  # or {concurrency: 16}; default: clients = batch size x workers
+strategy: adaptive              # or grid; {name: adaptive, remeasure: 3}
+budget: 20m                     # or {time: 20m, trials: 40}
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servetune._exceptions import ConfigError
+from servetune._exceptions import ArchiveError, ConfigError
 from servetune.tune import _values as v
 from servetune.tune.study import DEVICES, Budget, Family, Load, Objective, Sla, StrategySpec, Study
 
@@ -59,7 +59,7 @@ def parse(raw: Mapping[str, Any], source: Path, devices: set[str]) -> Study:
 
     try:
         validate_model_name(model)
-    except Exception as exc:
+    except ArchiveError as exc:
         raise ConfigError(f"model={model!r}: {exc}") from None
     input_path = v.path("input", raw["input"], base) if raw.get("input") is not None else None
     content_type = v.text("content_type", raw["content_type"]) if "content_type" in raw else None
@@ -231,7 +231,9 @@ def parse_budget(value: Any) -> Budget:
 def parse_server(value: Any) -> dict[str, str]:
     if value is None:
         return {}
-    props = {k: str(val).lower() if isinstance(val, bool) else str(val) for k, val in v.mapping("server", value).items()}
+    props = {
+        k: str(val).lower() if isinstance(val, bool) else str(val) for k, val in v.mapping("server", value).items()
+    }
     from servetune.config.server import ServerConfig
 
     known = {f.name for f in dataclasses.fields(ServerConfig)}

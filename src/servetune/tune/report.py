@@ -126,7 +126,8 @@ def markdown(
     winner = analysis.winner
     if winner is not None:
         margins = [
-            f"{key.removesuffix('_ms').upper()} {value:.1f} ms of {limit:g} ms ({100 * (1 - value / limit):.0f}% headroom)"
+            f"{key.removesuffix('_ms').upper()} {value:.1f} ms of {limit:g} ms "
+            f"({100 * (1 - value / limit):.0f}% headroom)"
             for key, limit in study.sla.limits()
             if (value := winner.latency(key)) is not None
         ]

@@ -59,9 +59,11 @@ class Space:
     def step(self, config: Config, axis: str, delta: int) -> Config | None:
         """The config ``delta`` places along ``axis`` (workers, batch_size, batch_delay_ms), or None off the edge."""
         family = self.family(config)
-        values = {"workers": family.workers, "batch_size": family.batch_sizes, "batch_delay_ms": family.batch_delays_ms}[
-            axis
-        ]
+        values = {
+            "workers": family.workers,
+            "batch_size": family.batch_sizes,
+            "batch_delay_ms": family.batch_delays_ms,
+        }[axis]
         i = values.index(getattr(config, axis)) + delta
         if not 0 <= i < len(values):
             return None

@@ -234,9 +234,7 @@ class Study:
             priced = dict(self.objective.prices)
             for family in self.families:
                 if family.device not in priced:
-                    raise ConfigError(
-                        f"objective.cost: no price for device {family.device!r} (space.devices lists it)"
-                    )
+                    raise ConfigError(f"objective.cost: no price for device {family.device!r} (space.devices lists it)")
 
 
 def _digest(path: Path) -> str:
@@ -276,6 +274,6 @@ def load_study(path: Path, *, devices: set[str] | None = None) -> Study:
     available = host_devices() if devices is None else devices
     from servetune.tune import native, torchserve
 
-    study = (native if native.looks_like(raw) else torchserve).parse(raw, path, available)
+    study: Study = (native if native.looks_like(raw) else torchserve).parse(raw, path, available)
     study.validate()
     return study

@@ -132,7 +132,8 @@ class RemoteTarget:
         """Put the model back as it was found."""
         described = self.management.describe(self.model)
         batch, delay = self.original.get("batchSize"), self.original.get("maxBatchDelay")
-        workers = len(self.original.get("workers") or []) or int(str(self.original.get("minWorkers", 1)))
+        found = self.original.get("workers")
+        workers = (len(found) if isinstance(found, list) else 0) or int(str(self.original.get("minWorkers", 1)))
         if (described.get("batchSize"), described.get("maxBatchDelay")) != (batch, delay) and self.can_register:
             self.management.unregister(self.model)
             self.management.register(

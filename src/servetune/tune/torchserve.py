@@ -96,7 +96,9 @@ def _families(
         raise ConfigError(f"{where}.url: missing; expected the model archive's path")
     values = {**DEFAULTS, **settings}
     if v.boolean(f"{where}.backend_profiling", values.get("backend_profiling", False)):
-        raise ConfigError(f"{where}.backend_profiling=True: not supported (servetune has no cProfile backend profiling)")
+        raise ConfigError(
+            f"{where}.backend_profiling=True: not supported (servetune has no cProfile backend profiling)"
+        )
     exec_env = values.get("exec_env", "local")
     if exec_env != "local":
         raise v.fail(f"{where}.exec_env", exec_env, "'local' (servetune tune does not run docker)")

@@ -78,9 +78,7 @@ class AdaptiveSearch(Strategy):
     def _climb(self) -> Plan:
         while True:
             best = self._best()
-            wave = cheap_order(
-                n for n in self.space.neighbours(best) if not self.measured(n) and not self.pruned(n)
-            )
+            wave = cheap_order(n for n in self.space.neighbours(best) if not self.measured(n) and not self.pruned(n))
             if not wave:
                 return
             for config in wave:

@@ -1,0 +1,112 @@
+"""Search strategies against a closed-form performance model: what they propose, prune, and find."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from servetune.tune.analysis import analyse
+from servetune.tune.space import Space
+from servetune.tune.study import Config, Load
+from servetune.tune.trial import judge
+from tune_synthetic import best_by_hand, cost_model, drive, family, study
+
+
+def test_grid_measures_every_config_once_in_cheap_order_then_remeasures_the_best() -> None:
+    s = study(family(workers=(1, 2, 3), batch=(1, 4, 16), delays=(50,)), strategy="grid", remeasure=2)
+    trials = drive(s, cost_model())
+    first = [t.config for t in trials if t.repeat == 0]
+    assert sorted(first) == sorted(Space(s).configs()) and len(first) == 9
+    # workers vary fastest: the model is re-registered once per batch size
+    assert [(c.batch_size, c.workers) for c in first] == [(b, w) for b in (1, 4, 16) for w in (1, 2, 3)]
+    repeats = [t.config for t in trials if t.repeat == 1]
+    passed = [x.config for x in analyse(s, trials[:9]).summaries if x.verdict.passed]
+    assert sorted(repeats) == sorted(passed[:2])
+
+
+def test_adaptive_finds_the_grid_best_in_a_fraction_of_the_trials() -> None:
+    model = cost_model()
+    grid = study(strategy="grid")
+    adaptive = study(strategy="adaptive")
+    assert len(Space(grid)) == 72
+    expected = best_by_hand(grid, model)
+    assert expected == Config("eager/cpu", 2, 8, 10)  # 2 slots of batch 8 (260 ms) fit the 300 ms SLA
+    grid_trials, adaptive_trials = drive(grid, model), drive(adaptive, model)
+    assert analyse(grid, grid_trials).winner.config == expected  # type: ignore[union-attr]
+    assert analyse(adaptive, adaptive_trials).winner.config == expected  # type: ignore[union-attr]
+    assert len(adaptive_trials) <= 0.3 * len(grid_trials)
+
+
+def test_adaptive_prunes_larger_batches_after_a_latency_miss() -> None:
+    s = study()
+    trials = drive(s, cost_model())
+    seen: list[Config] = []
+    for trial in trials:
+        c = trial.config
+        for earlier in seen:
+            verdict = judge(next(t for t in trials if t.config == earlier).figures(), earlier, s)
+            same_line = (earlier.workers, earlier.batch_delay_ms) == (c.workers, c.batch_delay_ms)
+            assert not (same_line and earlier.batch_size < c.batch_size and not verdict.latency_ok), (earlier, c)
+        seen.append(c)
+
+
+def test_fixed_concurrency_does_not_prune_batches_that_can_drain_the_queue() -> None:
+    # 16 clients on one worker: batch 1 queues them (misses), batch 16 serves them at once (meets the SLA).
+    def model(c: Config) -> tuple[float, float]:
+        service = 100 + 5 * c.batch_size
+        rounds = -(-16 // (c.batch_size * c.workers))
+        return c.batch_size * c.workers * 1000 / service, service * rounds
+
+    load = Load(concurrency=16)
+    s = study(family(workers=(1,), batch=(1, 2, 4, 8, 16), delays=(10,), load=load), p99_ms=250)
+    trials = drive(s, model)
+    assert analyse(s, trials).winner.config.batch_size == 16  # type: ignore[union-attr]
+    proportional = study(family(workers=(1,), batch=(1, 2, 4, 8, 16), delays=(10,)), p99_ms=50)
+    assert {t.config.batch_size for t in drive(proportional, model)} == {1}  # a miss at batch 1 ends the ladder
+
+
+def test_an_infeasible_sla_ends_with_the_closest_config() -> None:
+    s = study(p99_ms=50)
+    trials = drive(s, cost_model())
+    analysis = analyse(s, trials)
+    assert analysis.winner is None
+    assert analysis.closest is not None and analysis.closest.config.batch_size == 1
+    assert analysis.closest.verdict.violation > 1  # 110 ms or more against 50
+    assert len(trials) <= 12
+
+
+def test_a_family_whose_workers_cannot_start_is_abandoned() -> None:
+    good, broken = family("eager/cpu"), family("fp16/cpu")
+    s = study(good, broken)
+    model = cost_model()
+    trials = drive(s, lambda c: None if c.family == "fp16/cpu" else model(c))
+    assert sum(t.config.family == "fp16/cpu" for t in trials) == 1
+    assert analyse(s, trials).winner.config.family == "eager/cpu"  # type: ignore[union-attr]
+
+
+def test_a_better_family_is_found_and_climbed() -> None:
+    slow, fast = family("eager/cpu"), family("bf16/cpu")
+    s = study(slow, fast)
+    base = cost_model()
+    fast_model = cost_model(a_ms=50, b_ms=10)
+    trials = drive(s, lambda c: fast_model(c) if c.family == "bf16/cpu" else base(c))
+    winner = analyse(s, trials).winner
+    assert winner is not None and winner.config == best_by_hand(s, lambda c: fast_model(c) if c.family ==
+                                                                 "bf16/cpu" else base(c))  # fmt: skip
+    assert winner.config.family == "bf16/cpu"
+
+
+def test_remeasuring_averages_out_a_lucky_trial() -> None:
+    s = study(family(workers=(1, 2), batch=(1, 2, 4), delays=(10,)), strategy="grid", remeasure=3)
+    trials = drive(s, cost_model(), noise=lambda i: 3.0 if i == 1 else 1.0)
+    lucky = trials[1].config
+    assert lucky == Config("eager/cpu", 2, 1, 10)  # 3 x 16.6 req/s: briefly the best of the grid
+    assert analyse(s, trials[:6]).winner.config == lucky  # type: ignore[union-attr]
+    assert [t.repeat for t in trials if t.config == lucky] == [0, 1]
+    assert analyse(s, trials).winner.config == Config("eager/cpu", 2, 4, 10)  # type: ignore[union-attr]
+
+
+def test_the_same_results_give_the_same_proposals() -> None:
+    s = study()
+    first = [(t.config, t.repeat) for t in drive(s, cost_model())]
+    second = [(t.config, t.repeat) for t in drive(dataclasses.replace(s), cost_model())]
+    assert first == second

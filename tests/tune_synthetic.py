@@ -1,0 +1,89 @@
+"""Trials from a closed-form performance model, for testing strategies, reports and checkpoints without a server.
+
+The measurements are made up by formula; the strategies, analysis and reports that read them are the real code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from servetune.bench.result import BenchResult, ClientUsage, LatencySummary
+from servetune.tune.space import Space
+from servetune.tune.strategies import Proposal, load_strategy
+from servetune.tune.study import Config, Family, Load, Sla, StrategySpec, Study
+from servetune.tune.trial import Trial
+from tune_models import expected_closed_loop
+
+Model = Callable[[Config], tuple[float, float] | None]  # config -> (throughput, p99) or None when it cannot serve
+
+
+def result(throughput: float, p99: float, *, errors: int = 0, sent: int = 1000) -> BenchResult:
+    latency = LatencySummary(
+        count=sent - errors, mean_ms=p99 * 0.8, min_ms=p99 * 0.5, max_ms=p99 * 1.1, p50_ms=p99 * 0.8,
+        p90_ms=p99 * 0.9, p95_ms=p99 * 0.95, p99_ms=p99, p999_ms=p99 * 1.05, at_or_above_p99=10,
+    )  # fmt: skip
+    return BenchResult(
+        engine="async", url="http://127.0.0.1:1/predictions/m", mode="closed", concurrency=1, rate=None,
+        arrival=None, started_at="2026-01-01T00:00:00+00:00", duration_s=sent / throughput, sent=sent,
+        succeeded=sent - errors, errors={"503": errors} if errors else {}, throughput_rps=throughput,
+        latency=latency, server=None, client=ClientUsage(0.1, 1.0, 10.0),
+        labels={"model": "m", "batch_size": "1", "batch_delay": "10", "workers": "1"},
+    )  # fmt: skip
+
+
+def cost_model(a_ms: float = 100, b_ms: float = 20, slots: int = 2) -> Model:
+    """The known-cost model in closed loop with batch x workers clients; a longer delay costs a little."""
+
+    def measure(config: Config) -> tuple[float, float]:
+        throughput, latency = expected_closed_loop(a_ms, b_ms, slots, config.workers, config.batch_size)
+        return throughput * (1 - config.batch_delay_ms / 1000), latency + 0.1 * config.batch_delay_ms
+
+    return measure
+
+
+def family(label: str = "eager/cpu", *, workers: tuple[int, ...] = (1, 2, 3, 4, 6, 8),
+           batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32), delays: tuple[int, ...] = (10, 50),
+           load: Load | None = None) -> Family:  # fmt: skip
+    optimization, device = label.split("/")
+    return Family(label, Path("/nonexistent/m.mar"), optimization, device, workers, batch, delays, load or Load())
+
+
+def study(*families: Family, p99_ms: float | None = 300, strategy: str = "adaptive", remeasure: int = 2) -> Study:
+    families = families or (family(),)
+    return Study(
+        model="m",
+        families=families,
+        baseline_family=families[0],
+        sla=Sla(p99_ms=p99_ms),
+        strategy=StrategySpec(strategy, remeasure),
+    )
+
+
+def drive(the_study: Study, model: Model, *, noise: Callable[[int], float] = lambda i: 1.0) -> list[Trial]:
+    """Run the study's strategy against ``model`` the way the loop does: the default config first, then proposals."""
+    strategy = load_strategy(the_study.strategy.name)(Space(the_study), the_study)
+    trials: list[Trial] = []
+    proposal: Proposal | None = Proposal(the_study.baseline, 0, "default")
+    while proposal is not None:
+        measured = model(proposal.config)
+        index = len(trials)
+        if measured is None:
+            trial = Trial(index, proposal.config, proposal.repeat, "error", error="HTTP 500: workers failed to start")
+        else:
+            throughput, p99 = measured
+            trial = Trial(index, proposal.config, proposal.repeat, "ok", result(throughput * noise(index), p99),
+                          reason=proposal.reason)  # fmt: skip
+        trials.append(trial)
+        strategy.observe(trial)
+        proposal = strategy.propose()
+        assert len(trials) < 10_000, "the strategy does not stop"
+    return trials
+
+
+def best_by_hand(the_study: Study, model: Model) -> Config:
+    """The config with the highest throughput whose P99 meets the SLA, by enumeration."""
+    limit = the_study.sla.p99_ms or math.inf
+    scored = [(m[0], c) for c in Space(the_study).configs() if (m := model(c)) is not None and m[1] <= limit]
+    return max(scored, key=lambda item: (item[0], [-x for x in (item[1].workers, item[1].batch_size)]))[1]
