@@ -135,8 +135,44 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
             model.load_state_dict(loaded)
         return model
 
-    def _apply_optimization(self) -> None:  # noqa: B027 - a hook, deliberately empty
-        """Hook run at the end of ``initialize``: model variants (``model_yaml_config["optimization"]``) go here."""
+    def _apply_optimization(self) -> None:
+        """Apply ``model_yaml_config["optimization"]`` (a name from servetune.optimize) to ``self.model``.
+
+        The variant is checked against eager on :meth:`example_inputs` before it serves; one that cannot apply
+        or changes the answers fails the worker's load with the reason and the figures. ``parity_tolerance``
+        (a mapping) overrides the variant's default tolerance.
+        """
+        name = self.model_yaml_config.get("optimization")
+        self.optimization = "eager"
+        if not name or name == "eager" or not isinstance(self.model, torch.nn.Module):
+            if name and name != "eager":
+                raise RuntimeError(f"optimization={name!r} needs an nn.Module; this handler's model is {type(self.model)}")
+            return
+        from servetune.optimize import apply_variant
+
+        assert self.context is not None
+        cache_dir = Path(self.context.system_properties["model_dir"]) / ".servetune-variants"
+        variant = apply_variant(
+            str(name),
+            self.model,
+            device=self.device or torch.device("cpu"),
+            example_inputs=self.example_inputs(),
+            cache_dir=cache_dir,
+            tolerance=self.model_yaml_config.get("parity_tolerance"),
+        )
+        self.model = variant
+        self.optimization = str(name)
+        if variant.parity is not None:
+            logger.info("optimization %s applied: %s", name, variant.parity.summary())
+
+    def example_inputs(self) -> tuple[Any, ...]:
+        """One model call's positional arguments, used to convert and check variants. Random images of
+        ``input_shape`` (model-config.yaml, default 3x224x224) unless a handler knows better and overrides this."""
+        from servetune.optimize import config_input_shape, sample_inputs
+
+        assert isinstance(self.model, torch.nn.Module) and self.context is not None
+        batch = max(1, min(int(self.context.system_properties.get("batch_size") or 1), 4))
+        return tuple(sample_inputs(self.model, config_input_shape(self.model_yaml_config), batch, self.device))
 
     # -- serving ---------------------------------------------------------------------------------------------
 
