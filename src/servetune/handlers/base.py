@@ -146,7 +146,7 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
         self.optimization = "eager"
         if not name or name == "eager" or not isinstance(self.model, torch.nn.Module):
             if name and name != "eager":
-                raise RuntimeError(f"optimization={name!r} needs an nn.Module; this handler's model is {type(self.model)}")
+                raise RuntimeError(f"optimization={name!r} needs an nn.Module, not {type(self.model).__name__}")
             return
         from servetune.optimize import apply_variant
 
