@@ -1,9 +1,10 @@
-"""The load generator's own ceiling: requests/s per client core on a no-op endpoint, against ab and wrk.
+"""The load generator's own ceiling: requests/s per client core on a no-op endpoint, against aiohttp, ab and wrk.
 
     python benchmarks/bench_ceiling.py [--seconds 5] [--concurrency 16] [--rate 2000]
 
 A no-op HTTP/1.1 server (raw asyncio protocol, uvloop when installed, its own process) answers every request with
-"OK", so the server is as cheap as it can be. Each tool runs against it in turn; the figure that matters is
+"OK", so the server is as cheap as it can be. Each tool runs against it in turn (aiohttp's client is there
+because the engine used it before its own lean client; it shows why the change); the figure that matters is
 requests per second of *client CPU time* (the tool's own CPU, not the server's), so the ratio holds even when the
 server, sharing the machine, is what limits the raw rate. Then an open-loop run at --rate checks that the
 built-in engine keeps its schedule (late sends) and is not the bottleneck below that rate; a bare scheduler (the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import re
 import shutil
@@ -70,12 +72,7 @@ def serve(port: int) -> None:
 
 def bare_scheduler(rate: float, seconds: float) -> tuple[int, int]:
     """The open loop's timer loop with empty tasks: (late sends, sends) on this machine, at this rate."""
-    try:
-        import uvloop
-
-        loop = uvloop.new_event_loop()
-    except ImportError:
-        loop = asyncio.new_event_loop()
+    loop = _new_loop()
     late = 0
 
     async def main() -> int:
@@ -128,9 +125,8 @@ def run_child(cmd: list[str]) -> tuple[str, float, float]:
 
 
 def bench_ab(url: str, body: Path, concurrency: int, requests: int) -> tuple[float, float]:
-    text, wall, cpu = run_child(
-        ["ab", "-q", "-k", "-c", str(concurrency), "-n", str(requests), "-p", str(body), "-T", "text/plain", url]
-    )
+    cmd = ["ab", "-q", "-k", "-c", str(concurrency), "-n", str(requests), "-p", str(body), "-T", "text/plain", url]
+    text, wall, cpu = run_child(cmd)
     rate = float(re.search(r"Requests per second:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
     return rate, requests / cpu
 
@@ -146,6 +142,69 @@ def bench_wrk(url: str, body: Path, concurrency: int, seconds: float) -> tuple[f
     return rate, count / cpu
 
 
+async def _aiohttp_run(url: str, body: bytes, seconds: float, concurrency: int, rate: float | None) -> tuple[int, int]:
+    """aiohttp's client doing the engine's job (closed loop, or the same open-loop scheduler): (sent, late)."""
+    import aiohttp
+
+    clock = time.perf_counter
+    sent = late = 0
+    headers = {"Content-Type": "text/plain"}
+    connector = aiohttp.TCPConnector(limit=concurrency if rate is None else 1024)
+    async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as session:
+
+        async def one(intended: float) -> None:
+            nonlocal sent, late
+            late += clock() - intended > LATE_MS / 1e3
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+            sent += 1
+
+        end = clock() + seconds
+        if rate is None:
+
+            async def client() -> None:
+                while clock() < end:
+                    await one(math.inf)
+
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+            return sent, 0
+        tasks = []
+        t0 = previous = clock() + 0.002
+        for offset in arrivals(rate, "constant"):
+            if offset >= seconds:
+                break
+            intended = t0 + offset
+            early = min(_EARLY_MAX, max(_EARLY_MIN, (intended - previous) / 4))
+            previous = intended
+            await asyncio.sleep(max(0.0, intended - early - clock()))
+            tasks.append(asyncio.ensure_future(one(intended)))
+        await asyncio.gather(*tasks)
+    return sent, late
+
+
+def bench_aiohttp(
+    url: str, body: Path, seconds: float, concurrency: int, rate: float | None
+) -> tuple[float, float, int]:
+    """(req/s, req/s per client core, late sends) for aiohttp's client on a fresh (uv)loop."""
+    loop = _new_loop()
+    try:
+        start, cpu = time.perf_counter(), time.thread_time()
+        sent, late = loop.run_until_complete(_aiohttp_run(url, body.read_bytes(), seconds, concurrency, rate))
+        wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    finally:
+        loop.close()
+    return sent / wall, sent / cpu, late
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
@@ -159,47 +218,48 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/predictions/noop"
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
+    closed_rows: list[tuple[str, float, float]] = []
+    open_rows: list[tuple[str, float, float, int, int]] = []
     try:
         _wait_for(port)
         with tempfile.TemporaryDirectory() as tmp:
             body = Path(tmp) / "body.txt"
             body.write_text("hello")
-            rows: list[tuple[str, float, float]] = []
-            closed = run_bench(
-                BenchSpec(url=url, input=body, concurrency=args.concurrency, duration=args.seconds, warmup_seconds=0.5)
-            )
-            ours = closed.sent / closed.client.cpu_seconds
-            rows.append(("servetune async (closed)", closed.throughput_rps, ours))
-            requests = max(1000, int(closed.throughput_rps * args.seconds))
+            c, seconds = args.concurrency, args.seconds
+            closed = run_bench(BenchSpec(url=url, input=body, concurrency=c, duration=seconds, warmup_seconds=0.5))
+            closed_rows.append(("servetune", closed.throughput_rps, closed.sent / closed.client.cpu_seconds))
+            rate, per_core, _ = bench_aiohttp(url, body, seconds, c, None)
+            closed_rows.append(("aiohttp client (reference)", rate, per_core))
+            requests = max(1000, int(closed.throughput_rps * seconds))
             if shutil.which("ab"):
-                rows.append(("ab -k", *bench_ab(url, body, args.concurrency, requests)))
+                closed_rows.append(("ab -k", *bench_ab(url, body, c, requests)))
             if shutil.which("wrk"):
-                rows.append(("wrk -t1", *bench_wrk(url, body, args.concurrency, args.seconds)))
-            opened = run_bench(
-                BenchSpec(url=url, input=body, rate=args.rate, duration=args.seconds, warmup_seconds=0.5)
-            )
-            rows.append(
-                (
-                    f"servetune async (open {args.rate:g}/s)",
-                    opened.throughput_rps,
-                    opened.sent / opened.client.cpu_seconds,
-                )
-            )
-            bare_late, bare_sent = bare_scheduler(args.rate, args.seconds)
+                closed_rows.append(("wrk -t1", *bench_wrk(url, body, c, seconds)))
+
+            opened = run_bench(BenchSpec(url=url, input=body, rate=args.rate, duration=seconds, warmup_seconds=0.5))
+            sent = opened.sent
+            open_rows.append(("servetune", opened.throughput_rps, sent / opened.client.cpu_seconds,
+                              opened.late_sends, sent))  # fmt: skip
+            rate, per_core, late = bench_aiohttp(url, body, seconds, c, args.rate)
+            open_rows.append(("aiohttp client (reference)", rate, per_core, late, int(args.rate * seconds)))
+            bare_late, bare_sent = bare_scheduler(args.rate, seconds)
+            open_rows.append(("bare scheduler (sends nothing)", math.nan, math.nan, bare_late, bare_sent))
     finally:
         server.terminate()
         server.wait()
-    print(f"no-op endpoint, {os.cpu_count()} cores shared by server and client, concurrency {args.concurrency}")
-    print(f"{'tool':34} {'req/s':>9} {'req/s per client core':>22} {'vs servetune':>13}")
-    for name, rate, per_core in rows:
-        print(f"{name:34} {rate:9.0f} {per_core:22.0f} {per_core / ours:12.2f}x")
-    p99 = opened.latency.p99_ms if opened.latency else float("nan")
-    print(
-        f"open loop at {args.rate:g}/s: achieved {opened.throughput_rps:.0f}/s, client CPU "
-        f"{opened.client.cpu_percent:.0f}% of one core, P99 {p99:.2f} ms, late sends {opened.late_sends}/{opened.sent} "
-        f"(worst {opened.max_late_ms:.1f} ms); bare scheduler on this machine: {bare_late}/{bare_sent} late"
-    )
-    print("result:", "UNRELIABLE: " + "; ".join(opened.reasons) if opened.unreliable else "reliable")
+    ours = closed_rows[0][2]
+    print(f"no-op endpoint on this machine ({os.cpu_count()} cores shared by server and client)")
+    print(f"\nclosed loop, concurrency {args.concurrency}")
+    print(f"{'tool':32} {'req/s':>9} {'req/s per client core':>22} {'vs servetune':>13}")
+    for name, rate, per_core in closed_rows:
+        print(f"{name:32} {rate:9.0f} {per_core:22.0f} {per_core / ours:12.2f}x")
+    print(f"\nopen loop at {args.rate:g} req/s")
+    print(f"{'tool':32} {'req/s':>9} {'req/s per client core':>22} {'late sends (> 1 ms)':>20}")
+    for name, rate, per_core, late, total in open_rows:
+        figures = "" if math.isnan(rate) else f"{rate:9.0f} {per_core:22.0f}"
+        print(f"{name:32} {figures:>32} {f'{late}/{total} ({100 * late / total:.1f}%)':>20}")
+    print(f"\nservetune at {args.rate:g} req/s: client CPU {opened.client.cpu_percent:.0f}% of one core;",
+          "UNRELIABLE: " + "; ".join(opened.reasons) if opened.unreliable else "reliable")  # fmt: skip
 
 
 def _wait_for(port: int) -> None:

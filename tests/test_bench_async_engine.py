@@ -72,6 +72,8 @@ def test_coordinated_omission_open_loop_sees_the_queue(start_server: Callable[..
     assert above.latency.p99_ms > 500.0
     assert above.latency.p99_ms > 5 * closed.latency.p99_ms
     assert below.latency.p99_ms < 0.3 * above.latency.p99_ms
+    # No request can take less than the handler's sleep (an early start is timed from when it really left).
+    assert min(closed.latency.min_ms, below.latency.min_ms, above.latency.min_ms) >= COST_MS
     # And the server's own queue time agrees that the wait was in its queue.
     assert above.server is not None and above.server.queue is not None and above.server.queue.p99_ms is not None
     assert above.server.queue.p99_ms > 400.0

@@ -19,7 +19,12 @@ from tune_models import expected_closed_loop
 Model = Callable[[Config], tuple[float, float] | None]  # config -> (throughput, p99) or None when it cannot serve
 
 
-def result(throughput: float, p99: float, *, errors: int = 0, sent: int = 1000) -> BenchResult:
+def result(
+    throughput: float, p99: float, *, errors: int = 0, sent: int = 1000, config: Config | None = None
+) -> BenchResult:
+    c = config or Config("eager/cpu", 1, 1, 10)
+    labels = {"model": "m", "batch_size": str(c.batch_size), "batch_delay": str(c.batch_delay_ms),
+              "workers": str(c.workers)}  # fmt: skip
     latency = LatencySummary(
         count=sent - errors, mean_ms=p99 * 0.8, min_ms=p99 * 0.5, max_ms=p99 * 1.1, p50_ms=p99 * 0.8,
         p90_ms=p99 * 0.9, p95_ms=p99 * 0.95, p99_ms=p99, p999_ms=p99 * 1.05, at_or_above_p99=10,
@@ -29,7 +34,7 @@ def result(throughput: float, p99: float, *, errors: int = 0, sent: int = 1000) 
         arrival=None, started_at="2026-01-01T00:00:00+00:00", duration_s=sent / throughput, sent=sent,
         succeeded=sent - errors, errors={"503": errors} if errors else {}, throughput_rps=throughput,
         latency=latency, server=None, client=ClientUsage(0.1, 1.0, 10.0),
-        labels={"model": "m", "batch_size": "1", "batch_delay": "10", "workers": "1"},
+        labels=labels,
     )  # fmt: skip
 
 
@@ -73,7 +78,7 @@ def drive(the_study: Study, model: Model, *, noise: Callable[[int], float] = lam
             trial = Trial(index, proposal.config, proposal.repeat, "error", error="HTTP 500: workers failed to start")
         else:
             throughput, p99 = measured
-            trial = Trial(index, proposal.config, proposal.repeat, "ok", result(throughput * noise(index), p99),
+            trial = Trial(index, proposal.config, proposal.repeat, "ok", result(throughput * noise(index), p99, config=proposal.config),
                           reason=proposal.reason)  # fmt: skip
         trials.append(trial)
         strategy.observe(trial)

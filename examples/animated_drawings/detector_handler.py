@@ -37,9 +37,10 @@ class DrawnHumanoidDetectorHandler(VisionHandler):
         self.weights: dict[str, Any] = {}
 
     @staticmethod
-    def image_processing(image: Image.Image) -> torch.Tensor:  # type: ignore[override]
+    def image_processing(image: Image.Image) -> torch.Tensor:
         """RGB float image in [0, 1]; Mask R-CNN normalises and resizes it itself."""
-        return pil_to_tensor(to_rgb(image)).float().div_(255.0)
+        tensor: torch.Tensor = pil_to_tensor(to_rgb(image)).float().div_(255.0)
+        return tensor
 
     def _load_model(self, model_dir: Path, model_file: str, model_pt_path: str | None) -> Any:
         self.settings = ad_common.read_settings(self.model_yaml_config, "detector", SETTINGS_DEFAULTS)
@@ -87,6 +88,6 @@ class DrawnHumanoidDetectorHandler(VisionHandler):
             "weights": self.weights,
             "settings": {k: v for k, v in self.settings.items() if k != "weights"},
             "device": str(self.device),
-            "optimization": getattr(self.model, "variant", None) or self.model_yaml_config.get("optimization", "eager"),
+            "optimization": getattr(self, "optimization", "eager"),
             "output": 'per image: [{"class_name", "bbox": [x1, y1, x2, y2], "score"}], best first',
         }

@@ -30,12 +30,14 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-class DrawnHumanoidDetector(MaskRCNN):
+class DrawnHumanoidDetector(MaskRCNN):  # type: ignore[misc]  # torchvision is untyped
     """Mask R-CNN ResNet-50-FPN with two classes (background, drawn humanoid); random weights until loaded."""
 
     def __init__(self) -> None:
         # maskrcnn_resnet50_fpn without weights: BatchNorm2d, all five backbone stages trainable
-        backbone = resnet_fpn_backbone(backbone_name="resnet50", weights=None, norm_layer=nn.BatchNorm2d, trainable_layers=5)
+        backbone = resnet_fpn_backbone(
+            backbone_name="resnet50", weights=None, norm_layer=nn.BatchNorm2d, trainable_layers=5
+        )
         super().__init__(
             backbone,
             num_classes=2,

@@ -12,12 +12,14 @@ comes with the figure's box and its 17 COCO keypoints (``labels.json``), which t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 Point = tuple[float, float]
@@ -35,9 +37,9 @@ class Drawing:
 
 def paper(rng: random.Random, width: int, height: int) -> Image.Image:
     """A page: paper colour, grain, and sometimes ruled lines."""
-    page = Image.new("RGB", (width, height), rng.choice(PAPERS))
-    grain = Image.effect_noise((width, height), rng.uniform(8, 24)).convert("RGB")
-    page = Image.blend(page, grain, rng.uniform(0.03, 0.08))
+    colour = np.array(rng.choice(PAPERS), dtype=np.float32)
+    grain = np.random.default_rng(rng.getrandbits(32)).normal(0.0, rng.uniform(2, 6), (height, width, 1))
+    page = Image.fromarray(np.clip(colour + grain, 0, 255).astype(np.uint8))
     if rng.random() < 0.3:
         draw = ImageDraw.Draw(page)
         for y in range(rng.randrange(20, 40), height, rng.randrange(28, 40)):
@@ -45,18 +47,26 @@ def paper(rng: random.Random, width: int, height: int) -> Image.Image:
     return page
 
 
-def crayon(layer: ImageDraw.ImageDraw, rng: random.Random, points: list[Point], colour: tuple[int, ...], width: float):
+def crayon(
+    layer: ImageDraw.ImageDraw, rng: random.Random, points: list[Point], colour: tuple[int, ...], width: float
+) -> None:
     """A waxy stroke along ``points``: a few jittered passes of short, semi-transparent dabs with gaps."""
     for _ in range(rng.randint(2, 4)):
         jitter = width * 0.35
-        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        for (x0, y0), (x1, y1) in itertools.pairwise(points):
             steps = max(1, int(math.dist((x0, y0), (x1, y1)) / 5))
             for i in range(steps):
                 if rng.random() < 0.08:
                     continue  # the paper shows through
                 t0, t1 = i / steps, (i + 1) / steps
-                a = (x0 + (x1 - x0) * t0 + rng.uniform(-jitter, jitter), y0 + (y1 - y0) * t0 + rng.uniform(-jitter, jitter))
-                b = (x0 + (x1 - x0) * t1 + rng.uniform(-jitter, jitter), y0 + (y1 - y0) * t1 + rng.uniform(-jitter, jitter))
+                a = (
+                    x0 + (x1 - x0) * t0 + rng.uniform(-jitter, jitter),
+                    y0 + (y1 - y0) * t0 + rng.uniform(-jitter, jitter),
+                )
+                b = (
+                    x0 + (x1 - x0) * t1 + rng.uniform(-jitter, jitter),
+                    y0 + (y1 - y0) * t1 + rng.uniform(-jitter, jitter),
+                )
                 alpha = rng.randint(110, 220)
                 layer.line([a, b], fill=(*colour, alpha), width=max(1, round(width * rng.uniform(0.6, 1.1))))
 
@@ -65,8 +75,13 @@ def ellipse_points(cx: float, cy: float, rx: float, ry: float, rng: random.Rando
     """A wobbly closed outline, as a child draws a circle."""
     start = rng.uniform(0, 2 * math.pi)
     wobble = [rng.uniform(0.9, 1.1) for _ in range(n)]
-    pts = [(cx + rx * wobble[i] * math.cos(start + 2 * math.pi * i / n),
-            cy + ry * wobble[i] * math.sin(start + 2 * math.pi * i / n)) for i in range(n)]
+    pts = [
+        (
+            cx + rx * wobble[i] * math.cos(start + 2 * math.pi * i / n),
+            cy + ry * wobble[i] * math.sin(start + 2 * math.pi * i / n),
+        )
+        for i in range(n)
+    ]
     return [*pts, pts[0]]
 
 
@@ -76,9 +91,15 @@ def skeleton(rng: random.Random, cx: float, top: float, height: float) -> list[P
     head_y = top + unit
     shoulder_y, hip_y = top + 2.4 * unit, top + 5.0 * unit
     half_shoulder, half_hip = unit * rng.uniform(0.7, 1.1), unit * rng.uniform(0.4, 0.7)
-    pts: list[Point] = [(cx, head_y), (cx - 0.3 * unit, head_y - 0.2 * unit), (cx + 0.3 * unit, head_y - 0.2 * unit),
-                        (cx - 0.6 * unit, head_y), (cx + 0.6 * unit, head_y),
-                        (cx - half_shoulder, shoulder_y), (cx + half_shoulder, shoulder_y)]
+    pts: list[Point] = [
+        (cx, head_y),
+        (cx - 0.3 * unit, head_y - 0.2 * unit),
+        (cx + 0.3 * unit, head_y - 0.2 * unit),
+        (cx - 0.6 * unit, head_y),
+        (cx + 0.6 * unit, head_y),
+        (cx - half_shoulder, shoulder_y),
+        (cx + half_shoulder, shoulder_y),
+    ]
     elbows, wrists = [], []
     for side in (-1, 1):
         angle = math.radians(rng.uniform(-60, 80))  # 0: arm straight out, positive: down
@@ -88,12 +109,24 @@ def skeleton(rng: random.Random, cx: float, top: float, height: float) -> list[P
         wrists.append((elbow[0] + side * 1.2 * unit * math.cos(bend), elbow[1] + 1.2 * unit * math.sin(bend)))
     hips = [(cx - half_hip, hip_y), (cx + half_hip, hip_y)]
     knees, ankles = [], []
-    for side, hip in zip((-1, 1), hips):
+    for side, hip in zip((-1, 1), hips, strict=True):
         spread = math.radians(rng.uniform(0, 25))
         knee = (hip[0] + side * 1.4 * unit * math.sin(spread), hip_y + 1.4 * unit * math.cos(spread))
         knees.append(knee)
         ankles.append((knee[0] + side * 0.2 * unit * rng.random(), knee[1] + 1.5 * unit))
-    return [*pts, elbows[0], elbows[1], wrists[0], wrists[1], hips[0], hips[1], knees[0], knees[1], ankles[0], ankles[1]]
+    return [
+        *pts,
+        elbows[0],
+        elbows[1],
+        wrists[0],
+        wrists[1],
+        hips[0],
+        hips[1],
+        knees[0],
+        knees[1],
+        ankles[0],
+        ankles[1],
+    ]
 
 
 def figure(layer: ImageDraw.ImageDraw, rng: random.Random, kp: list[Point], height: float, stick: bool) -> None:
@@ -108,7 +141,9 @@ def figure(layer: ImageDraw.ImageDraw, rng: random.Random, kp: list[Point], heig
         crayon(layer, rng, [kp[11], kp[12]], colour, width)
     else:
         fill = (*rng.choice(CRAYONS), 150)
-        body = ellipse_points(neck[0], (neck[1] + pelvis[1]) / 2, unit * 1.1, (pelvis[1] - neck[1]) / 2 + unit * 0.3, rng)
+        body = ellipse_points(
+            neck[0], (neck[1] + pelvis[1]) / 2, unit * 1.1, (pelvis[1] - neck[1]) / 2 + unit * 0.3, rng
+        )
         layer.polygon(body, fill=fill)
         crayon(layer, rng, body, colour, width)
     for a, b, c in limbs:
@@ -128,8 +163,11 @@ def doodles(layer: ImageDraw.ImageDraw, rng: random.Random, width: int, height: 
         crayon(layer, rng, ellipse_points(cx, cy, r, r, rng), (240, 190, 20), max(2.0, r / 8))
     if rng.random() < 0.5:  # grass along the bottom
         base = height - height * 0.04
-        pts = [(x, base - (height * 0.03 if i % 2 else 0)) for i, x in enumerate(range(0, width, max(6, width // 60)))]
-        crayon(layer, rng, pts, (40, 150, 50), max(2.0, width / 300))
+        step = max(6, width // 60)
+        grass: list[Point] = [
+            (float(x), base - (height * 0.03 if i % 2 else 0.0)) for i, x in enumerate(range(0, width, step))
+        ]
+        crayon(layer, rng, grass, (40, 150, 50), max(2.0, width / 300))
     for _ in range(rng.randint(0, 2)):  # a scribble
         x, y = rng.uniform(0, width), rng.uniform(0, height)
         pts = [(x + rng.uniform(-40, 40), y + rng.uniform(-40, 40)) for _ in range(6)]
@@ -154,8 +192,12 @@ def make_drawing(seed: int, *, min_side: int = 300, max_side: int = 1000) -> Dra
     image = Image.alpha_composite(page, layer).convert("RGB")
     margin = fig_h / 8.0
     xs, ys = [p[0] for p in kp], [p[1] for p in kp]
-    bbox = (max(0.0, min(xs) - margin), max(0.0, min(ys) - margin),
-            min(float(width), max(xs) + margin), min(float(height), max(ys) + margin))
+    bbox = (
+        max(0.0, min(xs) - margin),
+        max(0.0, min(ys) - margin),
+        min(float(width), max(xs) + margin),
+        min(float(height), max(ys) + margin),
+    )
     return Drawing(image, bbox, kp)
 
 
@@ -168,8 +210,10 @@ def write_drawings(out: Path, count: int, seed: int = 0, *, min_side: int = 300,
         path = out / f"drawing_{i:04d}.png"
         drawing.image.save(path)
         paths.append(path)
-        labels[path.name] = {"bbox": [round(v, 1) for v in drawing.bbox],
-                             "keypoints": [[round(x, 1), round(y, 1)] for x, y in drawing.keypoints]}
+        labels[path.name] = {
+            "bbox": [round(v, 1) for v in drawing.bbox],
+            "keypoints": [[round(x, 1), round(y, 1)] for x, y in drawing.keypoints],
+        }
     (out / "labels.json").write_text(json.dumps(labels, indent=1))
     return paths
 

@@ -90,7 +90,7 @@ class DrawnHumanoidPoseHandler(VisionHandler):
             "weights": self.weights,
             "settings": {k: v for k, v in self.settings.items() if k != "weights"},
             "device": str(self.device),
-            "optimization": getattr(self.model, "variant", None) or self.model_yaml_config.get("optimization", "eager"),
+            "optimization": getattr(self, "optimization", "eager"),
             "output": 'per image: [{"keypoints": [[x, y, score] x 17]}] (COCO order, crop pixels)',
         }
 
@@ -115,12 +115,14 @@ def decode_heatmaps(heatmaps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     scores, index = flat.max(dim=2)
     xi, yi = index % w, torch.div(index, w, rounding_mode="floor")
 
-    def at(offset: int, inside: torch.Tensor) -> torch.Tensor:
-        neighbour = (index + offset).clamp(0, h * w - 1)
-        return torch.where(inside, flat.gather(2, neighbour.unsqueeze(2)).squeeze(2), scores)
+    def step(offset: int, interior: torch.Tensor) -> torch.Tensor:
+        """sign(next - previous) along one axis where both neighbours exist, else 0."""
+        after = flat.gather(2, (index + offset).clamp(0, h * w - 1).unsqueeze(2)).squeeze(2)
+        before = flat.gather(2, (index - offset).clamp(0, h * w - 1).unsqueeze(2)).squeeze(2)
+        return torch.where(interior, torch.sign(after - before), torch.zeros_like(scores))
 
-    dx = at(1, xi < w - 1) - at(-1, xi > 0)
-    dy = at(w, yi < h - 1) - at(-w, yi > 0)
-    xs = xi.float() + 0.25 * torch.sign(dx)
-    ys = yi.float() + 0.25 * torch.sign(dy)
+    dx = step(1, (xi > 0) & (xi < w - 1))
+    dy = step(w, (yi > 0) & (yi < h - 1))
+    xs = xi.float() + 0.25 * dx
+    ys = yi.float() + 0.25 * dy
     return xs, ys, scores

@@ -61,12 +61,13 @@ class DrawnHumanoidPoseEstimator(nn.Module):
                 nn.ReLU(inplace=True),
             ]
             channels = deconv_channels
-        self.keypoint_head = nn.Module()
-        self.keypoint_head.deconv_layers = nn.Sequential(*layers)
-        self.keypoint_head.final_layer = nn.Conv2d(deconv_channels, num_keypoints, 1)
+        self.keypoint_head = nn.ModuleDict(
+            {"deconv_layers": nn.Sequential(*layers), "final_layer": nn.Conv2d(deconv_channels, num_keypoints, 1)}
+        )
         # PyTorch's default initialisation, not SimpleBaseline's std=0.001: with random weights that gives
         # heatmaps near 1e-5, below half precision's normal range (trained heatmaps peak near 1).
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images)
-        return self.keypoint_head.final_layer(self.keypoint_head.deconv_layers(features))
+        heatmaps: torch.Tensor = self.keypoint_head["final_layer"](self.keypoint_head["deconv_layers"](features))
+        return heatmaps

@@ -8,9 +8,19 @@ from servetune._exceptions import (
     ConfigError,
     HandlerError,
     ModelError,
+    OptimizeError,
     ServetuneError,
 )
 
 __version__ = "0.1.0"
 
-__all__ = ["ArchiveError", "BenchError", "ConfigError", "HandlerError", "ModelError", "ServetuneError", "__version__"]
+__all__ = [
+    "ArchiveError",
+    "BenchError",
+    "ConfigError",
+    "HandlerError",
+    "ModelError",
+    "OptimizeError",
+    "ServetuneError",
+    "__version__",
+]

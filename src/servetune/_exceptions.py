@@ -5,7 +5,10 @@ ServetuneError
  ├── ArchiveError    a model archive is unreadable, unsafe or malformed
  ├── HandlerError    a handler cannot be loaded or broke its contract
  ├── ModelError      a model registry operation failed (carries the HTTP status to answer with)
- └── BenchError      a load run could not be carried out
+ ├── BenchError      a load run could not be carried out
+ └── OptimizeError   a model variant could not be made or used
+      ├── VariantNotApplicable   (servetune.optimize) the variant cannot apply; ``reason`` says why
+      └── ParityError            (servetune.optimize) its answers differ from eager; ``report`` has the figures
 """
 
 from __future__ import annotations
@@ -39,3 +42,7 @@ class ModelError(ServetuneError):
 
 class BenchError(ServetuneError):
     """A load run could not be carried out."""
+
+
+class OptimizeError(ServetuneError):
+    """A model variant could not be made or used."""

@@ -187,7 +187,7 @@ class AsyncEngine:
                 progress.failed += 1
             if measured:
                 last_end = max(last_end, end)
-                rec.add(intended - m0, (end - max(intended, start)) * 1e3, status, queue, handler, batch)
+                rec.add(intended - m0, (end - min(intended, start)) * 1e3, status, queue, handler, batch)
 
         for i, offset in enumerate(arrivals(spec.rate, spec.arrival, spec.seed)):
             intended = t0 + offset

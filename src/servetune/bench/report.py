@@ -223,7 +223,8 @@ def print_summary(result: BenchResult, console: Any = None) -> None:
             table.add_row("mean batch size", f"{srv.batch_size_mean:.2f}")
     table.add_row("client CPU", f"{result.client.cpu_percent:.0f}% of one core")
     if result.mode == "open":
-        table.add_row("late sends (> 1 ms)", f"{result.late_sends} (worst {result.max_late_ms:.1f} ms)")
+        late = f"{result.late_sends} of {result.sent} ({100 * result.late_sends / max(1, result.sent):.1f}%)"
+        table.add_row("late sends (> 1 ms)", f"{late}, worst {result.max_late_ms:.1f} ms")
     console.print(table)
     for reason in result.reasons:
         console.print(f"[bold red]unreliable:[/] {reason}")

@@ -23,6 +23,10 @@ from servetune.tune._values import duration
 @click.option("--url", help="Tune this running server (its inference address) instead of starting one.")
 @click.option("--management-url", help="With --url: the management address. [default: inference port + 1]")
 @click.option(
+    "--metrics-url",
+    help="With --url: the metrics API (e.g. http://HOST:8082/metrics), for TorchServe servers' time breakdown.",
+)
+@click.option(
     "--key-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="With --url: the server's key_file.json, when token authorization is on.",
@@ -35,6 +39,7 @@ def command(
     strategy: str | None,
     url: str | None,
     management_url: str | None,
+    metrics_url: str | None,
     key_file: Path | None,
 ) -> None:
     """Search optimization x device x workers x batch size x batch delay for the config with the most
@@ -52,7 +57,7 @@ def command(
     budget_s = duration("--budget", budget) if budget is not None else None
     study = load_study(study_file).with_overrides(sla_p99_ms=sla_p99, budget_s=budget_s, strategy=strategy)
     out = out or study_file.with_name(f"{study_file.stem}-tune")
-    remote = Remote(url, management_url, key_file) if url else None
+    remote = Remote(url, management_url, metrics_url, key_file) if url else None
     console.print(
         f"tuning {study.model}: {study.size} configs, {study.sla.describe()}, strategy {study.strategy.name}, "
         f"budget {study.budget.describe()} -> {out}",

@@ -1,9 +1,9 @@
 """Model variants (fp16, bf16, channels_last, TorchScript, torch.compile, int8, ONNX Runtime) behind one registry,
 each checked against eager before use.
 
-    >>> variant = apply_variant("channels_last+bf16", model, device=torch.device("cpu"), example_inputs=(batch,))
-    >>> outputs = variant(batch)          # same call, float32 outputs
-    >>> variant.parity.summary()          # the figures of the check against eager
+    variant = apply_variant("channels_last+bf16", model, device=torch.device("cpu"), example_inputs=(batch,))
+    outputs = variant(batch)          # same call, float32 outputs
+    variant.parity.summary()          # the figures of the check against eager
 
 See docs/optimize.md.
 """

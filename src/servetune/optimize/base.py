@@ -71,7 +71,7 @@ class Stage:
     artifact: Path | None = None
     artifact_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
-    _built: nn.Module | None = None
+    _built: nn.Module | None = field(default=None, init=False, repr=False)
 
     @property
     def structured(self) -> bool:

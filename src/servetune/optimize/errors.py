@@ -12,14 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from servetune._exceptions import ServetuneError
+from servetune._exceptions import OptimizeError
 
 if TYPE_CHECKING:
     from servetune.optimize.parity import ParityReport
-
-
-class OptimizeError(ServetuneError):
-    """A model variant could not be made or used."""
 
 
 class VariantNotApplicable(OptimizeError):

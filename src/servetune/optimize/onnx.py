@@ -110,5 +110,6 @@ class Onnx(Variant):
             stage.artifact = path if stage.cache_dir is not None else None
             options = onnxruntime.SessionOptions()
             options.log_severity_level = 3  # errors only: ORT's warnings about unused initializers are noise
+            options.intra_op_num_threads = torch.get_num_threads()  # the worker's thread budget, as for torch
             session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
         stage.runner = OnnxRunner(session, template, stage.device)

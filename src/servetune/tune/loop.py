@@ -44,18 +44,25 @@ class Remote:
 
     url: str
     management_url: str | None = None
+    metrics_url: str | None = None
     key_file: Path | None = None
 
 
 def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: Console | None = None) -> TuneResult:
     """Run ``study`` (resuming from ``out_dir``'s checkpoint) and write every output into ``out_dir``."""
     console = console or Console(stderr=True)
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     target: Target
     if remote is not None:
-        remote_target = RemoteTarget(remote.url, study.model, management_url=remote.management_url,
-                                     key_file=remote.key_file)  # fmt: skip
+        remote_target = RemoteTarget(
+            remote.url,
+            study.model,
+            management_url=remote.management_url,
+            metrics_url=remote.metrics_url,
+            key_file=remote.key_file,
+        )
         remote_target.start()
         study, remote_notes = remote_target.adapt(study)
         notes += remote_notes

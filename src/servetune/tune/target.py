@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from servetune._exceptions import ConfigError, ServetuneError
 from servetune.tune.archives import ArchiveBuilder
 from servetune.tune.management import ManagementClient, ManagementError
 from servetune.tune.study import Config, Family, Study
+
+if TYPE_CHECKING:
+    from servetune.server.embedded import EmbeddedServer
 
 
 class Target(Protocol):
@@ -40,23 +43,24 @@ class EmbeddedTarget:
     can_register = True
 
     def __init__(self, study: Study, out_dir: Path, *, echo: bool = False) -> None:
-        from servetune.server.embedded import EmbeddedServer
-
         self.study = study
+        self.echo = echo
         self.store = out_dir / "store"
         self.store.mkdir(parents=True, exist_ok=True)
         self.builder = ArchiveBuilder(self.store)
         self._urls: dict[str, str] = {}
-        widest = max(queue_size(max(f.workers), max(f.batch_sizes)) for f in study.families)
-        properties = {"enable_model_api": "true", "job_queue_size": str(widest), **study.server}
-        self.server = EmbeddedServer(self.store, properties=properties, echo=echo)
+        self.server: EmbeddedServer | None = None
         self.inference_url = ""
         self.metrics_url: str | None = None
         self.inference_headers: dict[str, str] = {}
         self.management = ManagementClient("http://127.0.0.1:1")
 
     def start(self) -> None:
-        self.server.start()
+        from servetune.server.embedded import EmbeddedServer
+
+        widest = max(queue_size(max(f.workers), max(f.batch_sizes)) for f in self.study.families)
+        properties = {"enable_model_api": "true", "job_queue_size": str(widest), **self.study.server}
+        self.server = EmbeddedServer(self.store, properties=properties, echo=self.echo).start()
         self.inference_url = self.server.inference_url
         self.inference_headers = self.server.auth_headers("inference")
         self.management = ManagementClient(self.server.management_url, self.server.auth_headers("management"))
@@ -67,7 +71,8 @@ class EmbeddedTarget:
         return self._urls[family.label]
 
     def close(self) -> None:
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
 
 
 class RemoteTarget:
@@ -75,7 +80,13 @@ class RemoteTarget:
     model from its own URL); optimization and device cannot change. Its settings are put back at the end."""
 
     def __init__(
-        self, url: str, model: str, *, management_url: str | None = None, key_file: Path | None = None
+        self,
+        url: str,
+        model: str,
+        *,
+        management_url: str | None = None,
+        metrics_url: str | None = None,
+        key_file: Path | None = None,
     ) -> None:
         from urllib.parse import urlsplit
 
@@ -85,7 +96,8 @@ class RemoteTarget:
         self.inference_url = url.rstrip("/")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         default_management = f"{parts.scheme}://{parts.hostname}:{port + 1}"
-        self.metrics_url: str | None = f"{parts.scheme}://{parts.hostname}:{port + 2}/metrics"
+        # servetune answers with per-request timing headers; TorchServe needs its metrics API for the breakdown
+        self.metrics_url = metrics_url
         headers: dict[str, dict[str, str]] = {"management": {}, "inference": {}}
         if key_file is not None:
             try:

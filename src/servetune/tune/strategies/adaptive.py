@@ -109,7 +109,7 @@ class AdaptiveSearch(Strategy):
                 and not summary.verdict.latency_ok
                 and (other.workers, other.batch_delay_ms) == (config.workers, config.batch_delay_ms)
                 and other.batch_size < config.batch_size
-                and family.load.batch_monotone(config.workers, config.batch_size)
+                and family.load.batch_monotone(other.workers, other.batch_size)
             ):
                 return True
         return False

@@ -1,0 +1,207 @@
+"""``servetune tune`` end to end on real servers, with a model whose cost is known.
+
+Each batch costs 100 ms + 20 ms x batch size, and at most 2 batches run at once whatever the number of workers.
+Clients = batch size x workers (closed loop), SLA P99 <= 300 ms. By hand (``expected_closed_loop``): 2 workers x
+batch 4 serve 44 req/s in 180 ms; batch 16 takes 420 ms (misses); a third worker only makes a batch wait a turn
+(360 ms at batch 4, a miss); everything else that meets the SLA serves at most half as much. The answer holds
+with or without a few tens of ms of serving overhead per request, so noise on a busy machine cannot flip it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from servetune.config.properties import read_properties
+from servetune.server.embedded import EmbeddedServer
+from servetune.tune import Config, Remote, TuneResult, load_study, tune
+from tune_models import cost_archive, expected_closed_loop
+
+A_MS, B_MS, SLOTS, SLA_MS = 100.0, 20.0, 2, 300.0
+SPACE = {"workers": [1, 2, 3], "batch_size": [1, 4, 16], "batch_delay_ms": [50]}
+FAST_LOAD = {"duration": "1.5s", "warmup": "0.3s"}
+BEST = Config("eager/cpu", 2, 4, 50)
+
+
+def by_hand(overhead_ms: float) -> Config:
+    """The best config meeting the SLA when every request also pays ``overhead_ms`` outside the model."""
+    feasible = []
+    for w in SPACE["workers"]:
+        for b in SPACE["batch_size"]:
+            throughput, latency = expected_closed_loop(A_MS + overhead_ms, B_MS, SLOTS, w, b)
+            if latency <= SLA_MS - 30:  # 30 ms for a noisy tail
+                feasible.append((throughput, Config("eager/cpu", w, b, 50)))
+    return max(feasible)[1]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cost-model")
+    return cost_archive(folder / "store", folder / "locks", a_ms=A_MS, b_ms=B_MS, slots=SLOTS)
+
+
+def study_file(folder: Path, model: Path, **changes: Any) -> Path:
+    study: dict[str, Any] = {
+        "model": "cost",
+        "archive": str(model),
+        "sla": {"p99_ms": SLA_MS},
+        "space": SPACE,
+        "load": FAST_LOAD,
+        "strategy": {"name": "grid", "remeasure": 1},
+    }
+    study.update(changes)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory, model: Path) -> tuple[TuneResult, TuneResult]:
+    """A grid study stopped by its trial budget after 4 trials, then run again without one (it resumes)."""
+    folder = tmp_path_factory.mktemp("grid")
+    out = folder / "out"
+    first = tune(load_study(study_file(folder, model, budget={"trials": 4})), out)
+    second = tune(load_study(study_file(folder, model)), out)
+    return first, second
+
+
+def test_the_hand_computed_best_is_robust_to_serving_overhead() -> None:
+    assert by_hand(0) == by_hand(45) == BEST
+
+
+def test_grid_stops_at_its_budget_and_resumes_without_repeating_trials(grid: tuple[TuneResult, TuneResult]) -> None:
+    first, second = grid
+    assert first.measured == 4 and first.stopped is not None and "trial budget" in first.stopped
+    assert second.resumed == 4 and second.measured == len(second.trials) - 4 and second.stopped is None
+    assert [t.to_dict() for t in second.trials[:4]] == [t.to_dict() for t in first.trials]
+    assert len({(t.config, t.repeat) for t in second.trials}) == len(second.trials) == 9 + 1
+    lines = (second.out_dir / "trials.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + len(second.trials)
+
+
+def test_grid_finds_the_best_config_and_writes_every_output(grid: tuple[TuneResult, TuneResult]) -> None:
+    result = grid[1]
+    analysis = result.analysis
+    assert analysis.winner is not None and analysis.winner.config == BEST
+    assert analysis.baseline is not None and analysis.speedup is not None and analysis.speedup > 3
+    others = [s for s in analysis.summaries if s.verdict.passed and s.config != BEST]
+    assert all(s.throughput_rps < 0.8 * analysis.winner.throughput_rps for s in others)
+    report = (result.out_dir / "report.md").read_text()
+    assert "serves" in report and "× the throughput of the default config (1 worker, batch 1, eager) at P99" in report
+    csv_text = (result.out_dir / "trials.csv").read_text()
+    assert csv_text.startswith("Benchmark,TS failed requests,TS throughput") and ",SLA pass," in csv_text
+    assert len(csv_text.strip().splitlines()) == 1 + len(result.trials)
+    assert {p.name for p in result.plots} == {"throughput_vs_p99.png", "heatmap-eager-cpu.png"}
+    memory = [t.memory_bytes for t in result.trials if t.config.workers == 2 and t.status == "ok"]
+    assert memory and all(m > 0 for m in memory)
+    assert result.deployment is not None
+    assert result.deployment.serve_command == f"servetune serve --ts-config {result.deployment.config_properties}"
+
+
+def test_adaptive_agrees_with_grid(tmp_path: Path, model: Path, grid: tuple[TuneResult, TuneResult]) -> None:
+    result = tune(
+        load_study(study_file(tmp_path, model, strategy={"name": "adaptive", "remeasure": 1})), tmp_path / "o"
+    )
+    assert result.analysis.winner is not None
+    assert result.analysis.winner.config == grid[1].analysis.winner.config == BEST  # type: ignore[union-attr]
+    assert result.trials[0].config == Config("eager/cpu", 1, 1, 50)  # the default config comes first
+    # a miss at batch 16 rules out batch 16 with the same workers: never 1 worker x batch 16 after 1 x 16 missed
+    measured = [t.config for t in result.trials]
+    assert measured.count(Config("eager/cpu", 3, 16, 50)) == 0
+
+
+def test_the_deployed_config_serves_the_winner(grid: tuple[TuneResult, TuneResult]) -> None:
+    deployment = grid[1].deployment
+    assert deployment is not None
+    properties = read_properties(deployment.config_properties)
+    assert properties["load_models"] == "cost=cost"
+    assert yaml.safe_load(deployment.model_config.read_text())["batchSize"] == 4
+    with EmbeddedServer(properties=properties) as server:
+        request = urllib.request.Request(f"{server.management_url}/models/cost", headers=server.auth_headers())
+        described = json.loads(urllib.request.urlopen(request, timeout=30).read())[0]
+    assert (described["batchSize"], described["maxBatchDelay"], len(described["workers"])) == (4, 50, 2)
+
+
+def test_an_infeasible_sla_is_reported_with_the_closest_config(tmp_path: Path, model: Path) -> None:
+    path = study_file(tmp_path, model, space={"workers": [1], "batch_size": [1, 4], "batch_delay_ms": [50]},
+                      strategy="adaptive")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "servetune", "tune", str(path), "--sla-p99", "50", "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "No config meets the SLA (P99 <= 50 ms). Closest: eager on cpu, 1 worker, batch 1" in done.stdout
+    assert "missed by" in done.stdout
+    report = (tmp_path / "o" / "report.md").read_text()
+    assert "No config meets the SLA" in report and not (tmp_path / "o" / "deploy").exists()
+    lines = (tmp_path / "o" / "trials.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # header + the default config; batch 4 was pruned after batch 1 missed
+
+
+def test_capacity_load_finds_the_highest_rate_within_the_sla(tmp_path: Path, model: Path) -> None:
+    path = study_file(
+        tmp_path,
+        model,
+        space={"workers": [1], "batch_size": [4], "batch_delay_ms": [20]},
+        load={"mode": "capacity", "steps": 3, **FAST_LOAD},
+        sla={"p99_ms": 400},
+        strategy={"name": "grid", "remeasure": 0},
+    )
+    result = tune(load_study(path), tmp_path / "o")
+    trial = next(t for t in result.trials if t.config.batch_size == 4)
+    ceiling, _ = expected_closed_loop(A_MS, B_MS, SLOTS, 1, 4)  # 22 req/s
+    assert trial.status == "ok" and trial.capacity_rps is not None
+    assert 0.3 * ceiling < trial.capacity_rps < 1.15 * ceiling
+    assert trial.probes[0].rate is None and len(trial.probes) >= 3  # saturation, then open-loop rates
+    assert trial.result is not None and trial.result.rate == pytest.approx(trial.capacity_rps)
+    assert trial.result.latency is not None and trial.result.latency.p99_ms <= 400
+    assert trial.load["rate"] == pytest.approx(trial.capacity_rps, rel=1e-3)
+
+
+def test_torchserve_case_study_yaml_runs(tmp_path: Path, model: Path) -> None:
+    (tmp_path / "input.txt").write_text("hello")
+    case_study = {
+        "cost": {
+            "eager_mode": {
+                "benchmark_engine": "ab",
+                "url": str(model),
+                "workers": [1],
+                "batch_delay": 50,
+                "batch_size": [1, 4],
+                "requests": 24,
+                "concurrency": 4,
+                "input": "input.txt",
+                "backend_profiling": False,
+                "exec_env": "local",
+                "processors": ["cpu", {"gpus": "all"}],
+            }
+        }
+    }
+    path = tmp_path / "cost.yaml"
+    path.write_text(yaml.safe_dump(case_study))
+    result = tune(load_study(path).with_overrides(sla_p99_ms=SLA_MS, strategy="grid"), tmp_path / "o")
+    assert {t.config for t in result.trials} == {Config("eager_mode/cpu", 1, 1, 50), Config("eager_mode/cpu", 1, 4, 50)}
+    rows = (tmp_path / "o" / "trials.csv").read_text().splitlines()
+    assert all(row.startswith("AB,0,") for row in rows[1:])  # measured with Apache Bench, no failed request
+    assert all(t.result is not None and t.result.sent == 24 and t.result.concurrency == 4 for t in result.trials)
+    assert result.analysis.winner is not None and result.analysis.winner.config.batch_size == 4
+
+
+def test_url_mode_tunes_the_workers_of_a_running_server(tmp_path: Path, model: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(model_store=model.parent, models={"cost": model.name})
+    path = study_file(tmp_path, model, space={"workers": [1, 2], "batch_size": [1, 4]}, strategy="adaptive")
+    result = tune(load_study(path), tmp_path / "o", remote=Remote(server.inference_url, server.management_url))
+    assert {t.config.batch_size for t in result.trials} == {1}  # the model API is off: only workers move
+    assert result.analysis.winner is not None and result.analysis.winner.config.workers == 2
+    assert any("model API is off" in note for note in result.notes)
+    request = urllib.request.Request(f"{server.management_url}/models/cost")
+    described = json.loads(urllib.request.urlopen(request, timeout=30).read())[0]
+    assert len(described["workers"]) == 1  # put back as it was found
