@@ -259,15 +259,21 @@ def test_client_reports_a_missing_model(example: dict[str, ModuleType], start_se
 # -- in process: describe, configured weights, settings, decoding ------------------------------------------
 
 
-def load_pose(store: Path, tmp_path: Path, config: dict[str, Any]) -> Any:
+def load_model(
+    store: Path, name: str, tmp_path: Path, config: dict[str, Any], gpu_id: int | None = None, batch_size: int = 4
+) -> Any:
     from servetune.archive import open_archive
 
-    archive = open_archive(store / f"{POSE}.mar", tmp_path / "pose")
+    archive = open_archive(store / f"{name}.mar", tmp_path / name)
     manifest = json.loads((archive.model_dir / "MAR-INF" / "MANIFEST.json").read_text())
     return load_service(
-        model_dir=archive.model_dir, manifest=manifest, model_name=POSE, gpu_id=None, batch_size=4,
+        model_dir=archive.model_dir, manifest=manifest, model_name=name, gpu_id=gpu_id, batch_size=batch_size,
         model_yaml_config={**archive.model_config, **config},
     )  # fmt: skip
+
+
+def load_pose(store: Path, tmp_path: Path, config: dict[str, Any]) -> Any:
+    return load_model(store, POSE, tmp_path, config)
 
 
 def describe(service: Any) -> dict[str, Any]:
@@ -335,6 +341,41 @@ def test_warp_region_keeps_the_crop_centred_at_three_to_four(example: dict[str, 
     assert (x0 + width / 2, y0 + height / 2) == pytest.approx((150.0, 50.0))
 
 
+# -- the studies ---------------------------------------------------------------------------------------------
+
+
+def test_the_studies_are_valid_and_hold_the_published_space(store: Path, tmp_path: Path) -> None:
+    from servetune.tune import load_study
+
+    for name in ("quick.yaml", "case_study.yaml", "case_study_torchserve.yaml"):
+        (tmp_path / name).write_text((EXAMPLE / name).read_text())
+    (tmp_path / "model_store").symlink_to(store)
+    (tmp_path / "drawings").mkdir()
+    (tmp_path / "drawings" / "drawing_0000.png").write_bytes(b"")
+    (store / f"{DETECTOR}_fp16.mar").symlink_to(store / f"{DETECTOR}.mar")  # make_archives.py --fp16 builds it
+
+    quick = load_study(tmp_path / "quick.yaml", devices={"cpu"})
+    assert [f.label for f in quick.families] == ["eager/cpu"] and quick.sla.p99_ms == 1000
+    assert quick.families[0].model_config["detector"]["min_size"] == 256 and quick.families[0].form_field == "data"
+    assert quick.budget.seconds is not None and quick.budget.seconds <= 7 * 60
+
+    published = load_study(tmp_path / "case_study.yaml", devices={"cpu", "cuda"})
+    assert sorted(f.label for f in published.families) == ["eager/cpu", "eager/cuda", "fp16/cpu", "fp16/cuda"]
+    assert published.size == 120 and published.sla.p99_ms == 100
+    family = published.families[0]
+    assert family.workers == (1, 2, 4, 8, 16) and family.batch_sizes == (1, 2, 4, 8, 16, 32)
+    assert family.load.mode == "capacity"
+    cpu_only = load_study(tmp_path / "case_study.yaml", devices={"cpu"})
+    assert {f.device for f in cpu_only.families} == {"cpu"} and any("cuda" in note for note in cpu_only.notes)
+
+    torchserve = load_study(tmp_path / "case_study_torchserve.yaml", devices={"cpu", "cuda"})
+    assert torchserve.form == "torchserve"
+    assert sorted(f.label for f in torchserve.families) == ["eager_mode/cpu", "eager_mode/cuda", "fp16_mode/cuda"]
+    load = torchserve.families[0].load
+    assert (load.concurrency, load.requests, load.warmup_requests) == (10, 1000, 100)
+    assert torchserve.with_overrides(sla_p99_ms=100).sla.p99_ms == 100
+
+
 # -- the synthetic drawings --------------------------------------------------------------------------------
 
 
@@ -349,9 +390,52 @@ def test_drawings_are_seeded_and_sized(example: dict[str, ModuleType], tmp_path:
         assert 0 <= x1 < x2 <= art.image.width and 0 <= y1 < y2 <= art.image.height
         assert len(art.keypoints) == 17
         assert min(art.image.getpixel((0, 0))) >= 200  # paper, not ink, in the corner
-    paths = example["drawings"].write_drawings(tmp_path, 3, seed=1)
+    paths = example["drawings"].write_drawings(tmp_path / "png", 3, seed=1, labels=tmp_path / "labels.json")
     labels = json.loads((tmp_path / "labels.json").read_text())
-    assert sorted(labels) == [p.name for p in paths]
+    assert sorted(labels) == [p.name for p in paths] == sorted(p.name for p in (tmp_path / "png").iterdir())
     for path in paths:
         with Image.open(path) as image:
             assert image.format == "PNG"
+
+
+def test_bf16_serves_the_detector_under_autocast(store: Path, example: dict[str, ModuleType], tmp_path: Path) -> None:
+    """A low-precision variant through the variant hook: Mask R-CNN takes a list of images, so bf16 (like the
+    study's fp16 on CUDA) runs under autocast with fp32 weights and the handler's postprocess gets fp32 answers.
+    Random weights leave the scores near-tied, so bf16 re-ranks boxes beyond its default parity tolerance:
+    loosened here, to check the serving path rather than the weights."""
+    loose = {"parity_tolerance": {"min_match": 0.0, "min_box_iou": 0.0, "max_score_diff": 1.0}}
+    # batch size 1: the parity check runs on one small sample image (and that image cycled to three)
+    config = {"optimization": "bf16", "input_shape": [3, 128, 128], **loose}
+    detector = load_model(store, DETECTOR, tmp_path, config, batch_size=1)
+    assert describe(detector)["optimization"] == "bf16"
+    image = png(drawing(example, 60, (240, 200)))
+    [answer] = detector.predict([Request("d", {}, [InputParam("data", "image/png", image)])])
+    assert answer.status == 200
+    detections = json.loads(answer.body)
+    assert len(detections) == 10 and all(0.0 <= d["score"] <= 1.0 for d in detections)
+    assert all(0 <= d["bbox"][0] <= d["bbox"][2] <= 240 for d in detections)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fp16_on_cuda_is_served_in_the_apps_formats(
+    store: Path, example: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    """The study's model.half(): both handlers on cuda:0 with optimization fp16, a batch of two per model."""
+    images = [png(drawing(example, seed, (320, 240))) for seed in (50, 51)]
+    # random weights leave the detector's scores near-tied, so fp16 may re-rank boxes: check the serving, not parity
+    loose = {"parity_tolerance": {"min_match": 0.0, "min_box_iou": 0.0, "max_score_diff": 1.0}}
+    detector = load_model(store, DETECTOR, tmp_path, {"optimization": "fp16", **loose}, gpu_id=0)
+    pose = load_model(store, POSE, tmp_path, {"optimization": "fp16"}, gpu_id=0)
+    for service in (detector, pose):
+        meta = describe(service)
+        assert meta["device"] == "cuda:0" and meta["optimization"] == "fp16"
+    requests = [Request(str(i), {}, [InputParam("data", "image/png", image)]) for i, image in enumerate(images)]
+    for response in detector.predict(requests):
+        assert response.status == 200, response.body
+        detections = json.loads(response.body)
+        assert len(detections) == 10 and set(detections[0]) == {"class_name", "bbox", "score"}
+    for response in pose.predict(requests):
+        assert response.status == 200, response.body
+        [skeleton] = json.loads(response.body)
+        assert len(skeleton["keypoints"]) == 17

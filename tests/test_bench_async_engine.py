@@ -40,7 +40,10 @@ def test_closed_loop_matches_the_known_cost(start_server: Callable[..., Any], tm
     one = run_bench(BenchSpec(url=url, concurrency=1, requests=60, warmup_requests=5))
     assert one.sent == 60 and one.errors == {} and one.latency is not None
     # One client: each request costs the handler's 20 ms plus transport; nothing queues.
-    assert COST_MS <= one.latency.p50_ms <= COST_MS + 10, (
+    # The client's P50 minus the server's handler P50 is transport + frontend: ~1 ms on a quiet machine; the bound
+    # is loose for shared CI machines, yet catches a ~40 ms delayed-ACK stall (TCP_NODELAY missing) on keep-alive.
+    assert one.server is not None and one.server.handler is not None
+    assert COST_MS <= one.latency.p50_ms <= one.server.handler.p50_ms + 30, (
         f"P50 {one.latency.p50_ms:.1f} ms for a {COST_MS} ms handler: time lost between the handler and the client "
         f"(server breakdown: {one.server})"
     )

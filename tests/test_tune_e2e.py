@@ -29,6 +29,8 @@ SPACE = {"workers": [1, 2, 3], "batch_size": [1, 4, 16], "batch_delay_ms": [50]}
 FAST_LOAD = {"duration": "1.5s", "warmup": "0.3s"}
 BEST = Config("eager/cpu", 2, 4, 50)
 
+pytestmark = pytest.mark.slow  # about two minutes: real servers, worker processes, timed load runs
+
 
 def by_hand(overhead_ms: float) -> Config:
     """The best config meeting the SLA when every request also pays ``overhead_ms`` outside the model."""
@@ -205,3 +207,17 @@ def test_url_mode_tunes_the_workers_of_a_running_server(tmp_path: Path, model: P
     request = urllib.request.Request(f"{server.management_url}/models/cost")
     described = json.loads(urllib.request.urlopen(request, timeout=30).read())[0]
     assert len(described["workers"]) == 1  # put back as it was found
+
+
+@pytest.mark.gpu
+def test_a_cuda_family_is_tuned_on_a_gpu_host(tmp_path: Path, model: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    space = {"devices": ["cpu", "cuda"], "workers": [1], "batch_size": [1, 4], "batch_delay_ms": [50]}
+    path = study_file(tmp_path, model, space=space, strategy={"name": "grid", "remeasure": 0})
+    result = tune(load_study(path), tmp_path / "o")
+    assert {t.config.family for t in result.trials} == {"eager/cpu", "eager/cuda"}
+    assert all(t.status == "ok" for t in result.trials)
+    served = yaml.safe_load((tmp_path / "o" / "store" / "eager-cuda" / "model-config.yaml").read_text())
+    assert served["deviceType"] == "gpu" and served["optimization"] == "eager"

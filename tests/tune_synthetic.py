@@ -78,8 +78,8 @@ def drive(the_study: Study, model: Model, *, noise: Callable[[int], float] = lam
             trial = Trial(index, proposal.config, proposal.repeat, "error", error="HTTP 500: workers failed to start")
         else:
             throughput, p99 = measured
-            trial = Trial(index, proposal.config, proposal.repeat, "ok", result(throughput * noise(index), p99, config=proposal.config),
-                          reason=proposal.reason)  # fmt: skip
+            measurement = result(throughput * noise(index), p99, config=proposal.config)
+            trial = Trial(index, proposal.config, proposal.repeat, "ok", measurement, reason=proposal.reason)
         trials.append(trial)
         strategy.observe(trial)
         proposal = strategy.propose()

@@ -4,9 +4,10 @@ Each picture is a paper-coloured page (plain, cream, grey or lined, with a littl
 figure drawn in crayon-like strokes (several jittered, semi-transparent passes with gaps), either a stick figure
 or a blob figure (filled body, sausage limbs), sometimes with a few doodles around it (sun, grass, scribbles).
 Sizes vary, the longest side up to 1000 px as the app sends. The same seed gives the same pictures, and each
-comes with the figure's box and its 17 COCO keypoints (``labels.json``), which the drawing was built from.
+comes with the figure's box and its 17 COCO keypoints, which the drawing was built from (``--labels FILE``; kept out
+of the image folder, whose every file a benchmark sends).
 
-    python examples/animated_drawings/drawings.py --out drawings --count 32 --seed 0
+    python examples/animated_drawings/drawings.py --out drawings --count 32 --seed 0 [--labels labels.json]
 """
 
 from __future__ import annotations
@@ -201,32 +202,39 @@ def make_drawing(seed: int, *, min_side: int = 300, max_side: int = 1000) -> Dra
     return Drawing(image, bbox, kp)
 
 
-def write_drawings(out: Path, count: int, seed: int = 0, *, min_side: int = 300, max_side: int = 1000) -> list[Path]:
-    """Write ``count`` PNGs (``drawing_0000.png``, ...) and ``labels.json`` into ``out``; return the PNG paths."""
+def write_drawings(
+    out: Path, count: int, seed: int = 0, *, min_side: int = 300, max_side: int = 1000, labels: Path | None = None
+) -> list[Path]:
+    """Write ``count`` PNGs (``drawing_0000.png``, ...) into ``out``, and their boxes and keypoints as JSON into
+    ``labels`` if given; return the PNG paths."""
     out.mkdir(parents=True, exist_ok=True)
-    paths, labels = [], {}
+    paths, truth = [], {}
     for i in range(count):
         drawing = make_drawing(seed * 100_003 + i, min_side=min_side, max_side=max_side)
         path = out / f"drawing_{i:04d}.png"
         drawing.image.save(path)
         paths.append(path)
-        labels[path.name] = {
+        truth[path.name] = {
             "bbox": [round(v, 1) for v in drawing.bbox],
             "keypoints": [[round(x, 1), round(y, 1)] for x, y in drawing.keypoints],
         }
-    (out / "labels.json").write_text(json.dumps(labels, indent=1))
+    if labels is not None:
+        labels.write_text(json.dumps(truth, indent=1))
     return paths
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="directory to write the PNGs and labels.json into")
+    parser.add_argument("--out", type=Path, required=True, help="directory to write the PNGs into")
     parser.add_argument("--count", type=int, default=32, help="number of drawings (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     parser.add_argument("--min-side", type=int, default=300, help="smallest longest side in pixels (default 300)")
     parser.add_argument("--max-side", type=int, default=1000, help="largest longest side in pixels (default 1000)")
+    parser.add_argument("--labels", type=Path, help="also write each figure's box and keypoints to this JSON file")
     args = parser.parse_args()
-    paths = write_drawings(args.out, args.count, args.seed, min_side=args.min_side, max_side=args.max_side)
+    paths = write_drawings(
+        args.out, args.count, args.seed, min_side=args.min_side, max_side=args.max_side, labels=args.labels
+    )
     print(f"wrote {len(paths)} drawings to {args.out}")
 
 

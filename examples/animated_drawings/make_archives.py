@@ -12,11 +12,15 @@ they are. The answers are meaningless; the cost is the real architectures'. To s
         --set detector:batchSize=4 --set detector:detector.rpn_post_nms_top_n=300
 
 ``--set MODEL:KEY=VALUE`` changes one model-config.yaml key (dotted for a section key; the value is YAML).
+``--fp16`` also builds drawn_humanoid_detector_fp16.mar (``optimization: fp16``, CUDA only), the second archive that
+TorchServe's auto-benchmark form of the case study (case_study_torchserve.yaml) needs, since that form names one
+archive per mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shlex
 import subprocess
@@ -66,15 +70,19 @@ def model_config(spec: ModelSpec, overrides: Mapping[str, Any]) -> dict[str, Any
     return config
 
 
-def random_weights(spec: ModelSpec, seed: int, path: Path) -> dict[str, Any]:
-    """Save the seeded random state_dict of ``spec``'s model to ``path``; return its provenance record."""
+def model_module(spec: ModelSpec) -> Any:
+    """The example's model file of ``spec``, imported."""
     sys.path.insert(0, str(HERE))
     try:
-        module = __import__(Path(spec.model_file).stem)
+        return importlib.import_module(Path(spec.model_file).stem)
     finally:
         sys.path.remove(str(HERE))
+
+
+def random_weights(spec: ModelSpec, seed: int, path: Path) -> dict[str, Any]:
+    """Save the seeded random state_dict of ``spec``'s model to ``path``; return its provenance record."""
     torch.manual_seed(seed)
-    model = getattr(module, spec.model_class)()
+    model = getattr(model_module(spec), spec.model_class)()
     torch.save(model.state_dict(), path)
     return {
         "source": "random",
@@ -94,8 +102,10 @@ def build_archive(
     overrides: Mapping[str, Any] | None = None,
     archive_format: str = "default",
     quiet: bool = False,
+    name_suffix: str = "",
 ) -> Path:
-    """Build one archive (``which``: ``detector`` or ``pose``) into ``out`` with ``servetune archive``."""
+    """Build one archive (``which``: ``detector`` or ``pose``) into ``out`` with ``servetune archive``; its model
+    name gets ``name_suffix`` (for a second archive of the same model with other settings)."""
     spec = MODELS[which]
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{spec.name}-") as tmp:
@@ -106,12 +116,13 @@ def build_archive(
         config = work / "model-config.yaml"
         config.write_text(yaml.safe_dump(model_config(spec, overrides or {}), sort_keys=False))
         extras = [str(HERE / "ad_common.py"), str(work / "weights_info.json")]
-        if which == "detector":
-            (work / "index_to_name.json").write_text(json.dumps({"1": "drawn_humanoid"}))
-            extras.append(str(work / "index_to_name.json"))
+        # detector: class id -> name; pose: keypoint index -> COCO keypoint name
+        names = {"1": "drawn_humanoid"} if which == "detector" else dict(enumerate(model_module(spec).KEYPOINT_NAMES))
+        (work / "index_to_name.json").write_text(json.dumps({str(k): v for k, v in names.items()}))
+        extras.append(str(work / "index_to_name.json"))
         command = [
             sys.executable, "-m", "servetune", "archive",
-            "--model-name", spec.name,
+            "--model-name", spec.name + name_suffix,
             "--version", "1.0",
             "--model-file", str(HERE / spec.model_file),
             "--serialized-file", str(weights),
@@ -168,6 +179,7 @@ def main() -> None:
         "--detector-size", type=int, help="detector input size: sets detector.min_size and max_size (default 512)"
     )
     parser.add_argument("--set", action="append", default=[], metavar="MODEL:KEY=VALUE", help="a model-config key")
+    parser.add_argument("--fp16", action="store_true", help="also build drawn_humanoid_detector_fp16.mar")
     parser.add_argument(
         "--archive-format",
         default="default",
@@ -180,9 +192,18 @@ def main() -> None:
         overrides.setdefault("detector", {}).update(
             {"detector.min_size": args.detector_size, "detector.max_size": args.detector_size}
         )
-    for path in build_archives(
-        args.out, seed=args.seed, overrides=overrides, archive_format=args.archive_format
-    ).values():
+    paths = build_archives(args.out, seed=args.seed, overrides=overrides, archive_format=args.archive_format)
+    if args.fp16:
+        fp16 = {**overrides.get("detector", {}), "optimization": "fp16"}
+        paths["detector_fp16"] = build_archive(
+            "detector",
+            args.out,
+            seed=args.seed,
+            overrides=fp16,
+            archive_format=args.archive_format,
+            name_suffix="_fp16",
+        )
+    for path in paths.values():
         print(path)
 
 
