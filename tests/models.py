@@ -29,6 +29,8 @@ SLEEP_HANDLER = textwrap.dedent(
             time.sleep(float(cfg.get("load_s", 0.0)))
             return None
         cfg = context.model_yaml_config.get("sleep", {})
+        if context.get_request_header(0, "describe") == "True":
+            return [{"handler": "sleep", "config": cfg, "batch": len(data)}]
         bodies = [row.get("data") or row.get("body") for row in data]
         if cfg.get("record"):
             with open(cfg["record"], "a") as fh:

@@ -3,6 +3,7 @@ per-request bad input, and the app-style client end to end. Small detector input
 
 from __future__ import annotations
 
+import base64
 import importlib
 import io
 import json
@@ -297,6 +298,9 @@ def test_describe_says_random_weights_and_a_weights_file_replaces_them(
     assert meta["weights"]["source"] == "random" and meta["weights"]["seed"] == 0
     assert "RANDOM" in meta["weights"]["note"] and meta["settings"] == {"padding": 1.25}
     random_answer = keypoints(archived, crop)
+    as_text = InputParam("body", "text/plain", base64.b64encode(crop))  # base64 text, as the vision handlers take
+    [response] = archived.predict([Request("t", {}, [as_text])])
+    assert json.loads(response.body)[0]["keypoints"] == random_answer
 
     import pose_model
 
@@ -355,7 +359,7 @@ def test_the_studies_are_valid_and_hold_the_published_space(store: Path, tmp_pat
     (store / f"{DETECTOR}_fp16.mar").symlink_to(store / f"{DETECTOR}.mar")  # make_archives.py --fp16 builds it
 
     quick = load_study(tmp_path / "quick.yaml", devices={"cpu"})
-    assert [f.label for f in quick.families] == ["eager/cpu"] and quick.sla.p99_ms == 1000
+    assert [f.label for f in quick.families] == ["eager/cpu"] and quick.sla.p99_ms == 2000
     assert quick.families[0].model_config["detector"]["min_size"] == 256 and quick.families[0].form_field == "data"
     assert quick.budget.seconds is not None and quick.budget.seconds <= 7 * 60
 

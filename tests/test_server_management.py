@@ -179,3 +179,14 @@ def test_management_requires_token_when_auth_is_on(tmp_path: Path, start_server)
     assert call("POST", f"{server.inference_url}/predictions/sleep", b"x").status == 200
     assert call("GET", f"{server.metrics_url}/metrics").status == 200
     assert call("OPTIONS", f"{server.management_url}/").status == 200
+
+
+def test_customized_describe_asks_the_handler(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=3, model_config={"batchSize": 4, "maxBatchDelay": 100})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    plain = call("GET", f"{server.management_url}/models/sleep").json()[0]
+    assert "customizedMetadata" not in plain
+    custom = call("GET", f"{server.management_url}/models/sleep?customized=true").json()[0]
+    # The describe job runs in a batch of its own, whatever the model's batch size.
+    assert custom["customizedMetadata"] == {"handler": "sleep", "config": {"batch_ms": 3, "item_ms": 0.0}, "batch": 1}

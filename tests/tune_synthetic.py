@@ -16,17 +16,24 @@ from servetune.tune.study import Config, Family, Load, Sla, StrategySpec, Study
 from servetune.tune.trial import Trial
 from tune_models import expected_closed_loop
 
-Model = Callable[[Config], tuple[float, float] | None]  # config -> (throughput, p99) or None when it cannot serve
+# config -> (throughput, p99[, p50]) or None when it cannot serve; P50 is 0.8 x P99 unless given
+Model = Callable[[Config], tuple[float, ...] | None]
 
 
 def result(
-    throughput: float, p99: float, *, errors: int = 0, sent: int = 1000, config: Config | None = None
+    throughput: float,
+    p99: float,
+    *,
+    p50: float | None = None,
+    errors: int = 0,
+    sent: int = 1000,
+    config: Config | None = None,
 ) -> BenchResult:
     c = config or Config("eager/cpu", 1, 1, 10)
     labels = {"model": "m", "batch_size": str(c.batch_size), "batch_delay": str(c.batch_delay_ms),
               "workers": str(c.workers)}  # fmt: skip
     latency = LatencySummary(
-        count=sent - errors, mean_ms=p99 * 0.8, min_ms=p99 * 0.5, max_ms=p99 * 1.1, p50_ms=p99 * 0.8,
+        count=sent - errors, mean_ms=p99 * 0.8, min_ms=p99 * 0.5, max_ms=p99 * 1.1, p50_ms=p50 or p99 * 0.8,
         p90_ms=p99 * 0.9, p95_ms=p99 * 0.95, p99_ms=p99, p999_ms=p99 * 1.05, at_or_above_p99=10,
     )  # fmt: skip
     return BenchResult(
@@ -41,7 +48,7 @@ def result(
 def cost_model(a_ms: float = 100, b_ms: float = 20, slots: int = 2) -> Model:
     """The known-cost model in closed loop with batch x workers clients; a longer delay costs a little."""
 
-    def measure(config: Config) -> tuple[float, float]:
+    def measure(config: Config) -> tuple[float, ...]:
         throughput, latency = expected_closed_loop(a_ms, b_ms, slots, config.workers, config.batch_size)
         return throughput * (1 - config.batch_delay_ms / 1000), latency + 0.1 * config.batch_delay_ms
 
@@ -77,8 +84,8 @@ def drive(the_study: Study, model: Model, *, noise: Callable[[int], float] = lam
         if measured is None:
             trial = Trial(index, proposal.config, proposal.repeat, "error", error="HTTP 500: workers failed to start")
         else:
-            throughput, p99 = measured
-            measurement = result(throughput * noise(index), p99, config=proposal.config)
+            throughput, p99, *p50 = measured
+            measurement = result(throughput * noise(index), p99, p50=p50[0] if p50 else None, config=proposal.config)
             trial = Trial(index, proposal.config, proposal.repeat, "ok", measurement, reason=proposal.reason)
         trials.append(trial)
         strategy.observe(trial)

@@ -12,6 +12,8 @@ archive's seeded random weights are served).
 
 from __future__ import annotations
 
+import base64
+import binascii
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +52,15 @@ class DrawnHumanoidPoseHandler(VisionHandler):
     def warp_item(self, row: Any) -> tuple[torch.Tensor, Box]:
         """One request's crop as a normalised 3x256x192 tensor, and the region of the crop it shows."""
         name = "data" if isinstance(row, dict) and row.get("data") else "body"
-        if not isinstance(request_input(row), (bytes, bytearray)):
+        value = request_input(row)
+        if isinstance(value, str):  # base64 text, as the built-in vision handlers accept
+            try:
+                value = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise BadInputError(f"{name} is text but not a base64-encoded image ({exc})") from exc
+        if not isinstance(value, (bytes, bytearray)):
             raise BadInputError(f"{name} must be image bytes (a PNG or JPEG of the cropped figure)")
-        image = to_rgb(self.decode_image(name, bytes(request_input(row))))
+        image = to_rgb(self.decode_image(name, bytes(value)))
         box = warp_region(image.width, image.height, float(self.settings["padding"]))
         x0, y0, width, height = box
         out_h, out_w = pose_model.INPUT_SIZE

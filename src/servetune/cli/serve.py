@@ -28,6 +28,27 @@ from servetune.config.server import ServerConfig
 @click.option("--foreground", is_flag=True, default=True, hidden=True, help="Accepted for TorchServe compatibility.")
 @click.option("--no-config-snapshots", "--ncs", is_flag=True, hidden=True, help="Accepted; servetune takes none.")
 @click.option(
+    "--backend",
+    type=click.Choice(["native", "ray"]),
+    default="native",
+    show_default=True,
+    envvar="SERVETUNE_BACKEND",
+    help="native: servetune's own frontend and workers. ray: a Ray Serve application per model (servetune[ray]).",
+)
+@click.option(
+    "--ray-address",
+    envvar="RAY_ADDRESS",
+    metavar="ADDR",
+    help="Ray cluster (host:port, auto, ray://..., or local: a new one in this process). Default: Ray's own rule "
+    "(RAY_ADDRESS, else the cluster last started here, else a new local one). Only with --backend ray.",
+)
+@click.option(
+    "--ray-serve-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="With --backend ray: write the Ray Serve config (serve deploy / KubeRay serveConfigV2) and exit.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -42,6 +63,9 @@ def command(
     enable_model_api: bool,
     foreground: bool,
     no_config_snapshots: bool,
+    backend: str,
+    ray_address: str | None,
+    ray_serve_config: Path | None,
     log_level: str,
 ) -> None:
     """Serve models with TorchServe's HTTP APIs until SIGTERM or Ctrl-C.
@@ -60,6 +84,16 @@ def command(
     if config.model_store is not None and not config.model_store.is_dir():
         raise click.BadParameter(f"{config.model_store} is not a directory", param_hint="--model-store")
     names = tuple(part for entry in models for part in entry.split())
+    if backend == "ray":
+        from servetune.ray import export_serve_config, require_ray, serve_on_ray
+
+        if ray_serve_config is not None:  # writing the config needs no Ray
+            click.echo(f"Wrote {export_serve_config(config, names, ray_serve_config)}")
+            return
+        require_ray()
+        raise SystemExit(serve_on_ray(config, names, ray_address))
+    if ray_serve_config is not None:
+        raise click.UsageError("--ray-serve-config needs --backend ray")
     from servetune.server import serve
 
     raise SystemExit(serve(config, names))

@@ -38,6 +38,11 @@ class Job:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def solo(self) -> bool:
+        """Runs in a batch of its own (a describe request: the handler reads the header of request 0)."""
+        return bool(self.extra.get("solo"))
+
+    @property
     def abandoned(self) -> bool:
         return self.future.done() or (self.is_disconnected is not None and self.is_disconnected())
 
@@ -109,13 +114,15 @@ class Batcher:
                 while not self._queue:
                     await self._wait_arrival(None)
                     self._prune()
+                if self._queue[0].solo:
+                    return [self._queue.popleft()]
                 deadline = self._queue[0].arrival + self.max_delay_s
                 while len(self._queue) < self.batch_size:
                     remaining = deadline - loop.time()
                     if remaining <= 0 or not await self._wait_arrival(remaining):
                         break
                 batch: list[Job] = []
-                while self._queue and len(batch) < self.batch_size:
+                while self._queue and len(batch) < self.batch_size and not self._queue[0].solo:
                     job = self._queue.popleft()
                     if job.abandoned:
                         if not job.future.done():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from typing import Any
 
 from starlette.applications import Starlette
@@ -12,8 +14,9 @@ from starlette.routing import Route
 
 from servetune._exceptions import ModelError
 from servetune.server.auth import TokenStore, auth_failed
+from servetune.server.batcher import Job, QueueFull
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, error_response, exception_handlers, json_response
-from servetune.server.model import ServedModel
+from servetune.server.model import NoWorker, ServedModel
 from servetune.server.openapi import management_spec
 from servetune.server.registry import ModelRegistry, RegisterParams
 
@@ -71,6 +74,36 @@ def describe(model: ServedModel, registry: ModelRegistry) -> dict[str, Any]:
             "pendingRequests": len(model.batcher),
         },
     }
+
+
+async def customized_metadata(model: ServedModel) -> Any:
+    """Ask the handler (``describe_handle``) through a describe job, as TorchServe does."""
+    loop = asyncio.get_running_loop()
+    job = Job(
+        str(uuid.uuid4()),
+        {"describe": "True"},
+        [("body", None, b"")],
+        loop.time(),
+        loop.create_future(),
+        extra={"solo": True},
+    )
+    try:
+        model.submit(job)
+    except (NoWorker, QueueFull):
+        raise ModelError(
+            f"Model {model.name} has no worker available to describe it", 503, "ServiceUnavailableException"
+        ) from None
+    result = await job.future
+    if result.status != 200:
+        raise ModelError(
+            f"Describe failed for model {model.name}: {result.body.decode(errors='replace')}",
+            result.status,
+            "InternalServerException",
+        )
+    try:
+        return json.loads(result.body)
+    except json.JSONDecodeError:
+        return result.body.decode(errors="replace")
 
 
 def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) -> Starlette:
@@ -142,7 +175,11 @@ def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) ->
                 found = [registry.get(name, v) for v in sorted(registry.models.get(name, {}))] or [registry.get(name)]
             else:
                 found = [registry.get(name, version)]
-            return json_response([describe(m, registry) for m in found])
+            described = [describe(m, registry) for m in found]
+            if request.query_params.get("customized", "").lower() == "true":
+                for entry, served in zip(described, found, strict=True):
+                    entry["customizedMetadata"] = await customized_metadata(served)
+            return json_response(described)
         if request.method == "DELETE":
             if not config.enable_model_api:
                 return model_api_disabled()

@@ -90,10 +90,12 @@ def figures_of(result: BenchResult | None) -> Figures | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    """``score`` orders configs: the objective when the SLA is met, else minus how far it was missed."""
+    """``score`` orders configs: the objective when the SLA is met, else minus how far it was missed.
+    ``typical_miss``: even the median request is over a latency limit (a miss that noise in the tail cannot explain)."""
 
     passed: bool
     latency_ok: bool
+    typical_miss: bool
     violation: float
     objective: float
     score: float
@@ -102,7 +104,7 @@ class Verdict:
 
 def judge(figures: Figures | None, config: Config, study: Study) -> Verdict:
     if figures is None:
-        return Verdict(False, False, math.inf, 0.0, -math.inf, "no measurement")
+        return Verdict(False, False, False, math.inf, 0.0, -math.inf, "no measurement")
     misses: list[str] = []
     violation = 0.0
     for key, limit in study.sla.limits():
@@ -111,12 +113,14 @@ def judge(figures: Figures | None, config: Config, study: Study) -> Verdict:
         if value > limit:
             misses.append(f"{key.removesuffix('_ms').upper()} {value:.1f} ms > {limit:g} ms")
     latency_ok = not misses
+    typical_miss = any(figures.latency["p50_ms"] > limit for _, limit in study.sla.limits())
     if figures.error_rate > study.sla.max_error_rate:
         misses.append(f"errors {100 * figures.error_rate:.2f}% > {100 * study.sla.max_error_rate:g}%")
         violation = max(violation, figures.error_rate - study.sla.max_error_rate)
     passed = not misses
     objective = study.objective.value(figures.throughput_rps, study.family(config.family).device) if passed else 0.0
-    return Verdict(passed, latency_ok, violation, objective, objective if passed else -violation, "; ".join(misses))
+    score = objective if passed else -violation
+    return Verdict(passed, latency_ok, typical_miss, violation, objective, score, "; ".join(misses))
 
 
 @dataclass(frozen=True)

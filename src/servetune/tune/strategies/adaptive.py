@@ -7,9 +7,9 @@
    the other families); move to the best; stop when no neighbour beats it.
 4. Re-measure the top candidates.
 
-Pruned without measuring: a larger batch at the same family, workers and delay as a config that missed the
-latency SLA (when the load makes that a sure thing, see ``Load.batch_monotone``), and configs of a family whose
-workers could not be started.
+Pruned without measuring: a larger batch at the same family, workers and delay as a config whose median request
+already missed a latency limit (a tail miss may be noise, so it is measured; when the load makes the rule a sure
+thing, see ``Load.batch_monotone``), and configs of a family whose workers could not be started.
 
 The score of a config is its objective when it meets the SLA and minus its relative miss otherwise, so the same
 walk finds the closest config when none meets the SLA.
@@ -106,7 +106,7 @@ class AdaptiveSearch(Strategy):
                 return True  # its workers could not start with fewer: they will not start now
             if (
                 summary.figures is not None
-                and not summary.verdict.latency_ok
+                and summary.verdict.typical_miss
                 and (other.workers, other.batch_delay_ms) == (config.workers, config.batch_delay_ms)
                 and other.batch_size < config.batch_size
                 and family.load.batch_monotone(other.workers, other.batch_size)

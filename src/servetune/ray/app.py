@@ -1,0 +1,42 @@
+"""Application builders named by the Ray Serve config's ``import_path`` (``servetune.ray.app:model_app``).
+
+Ray calls a builder with the application's ``args`` and deploys what it returns; the config's ``deployments``
+section then sets each deployment's replicas, resources and ``user_config`` by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from ray import serve
+from ray.serve import Application, Deployment
+
+from servetune.ray.frontend import Frontend
+from servetune.ray.plan import deployment_name
+from servetune.ray.replica import ModelReplica
+from servetune.ray.serve_config import FRONTEND_DEPLOYMENT
+
+
+def model_app(args: dict[str, Any]) -> Application:
+    """One model: the default version's deployment is the ingress; other versions are reached through handles."""
+    model = str(args["model"])
+    versions: dict[str, dict[str, Any]] = args["versions"]
+    default = str(args["default_version"])
+    if default not in versions:
+        raise ValueError(f"default_version={default!r} is not one of {sorted(versions)}")
+    replica = cast(Deployment, serve.deployment(ModelReplica))
+    others = {
+        version: replica.options(name=deployment_name(model, version)).bind(spec)
+        for version, spec in versions.items()
+        if version != default
+    }
+    return replica.options(name=deployment_name(model, default)).bind(versions[default], others)
+
+
+def frontend_app(args: dict[str, Any]) -> Application:
+    """``/ping`` and the 404s."""
+    frontend = cast(Deployment, serve.deployment(Frontend))
+    return frontend.options(name=FRONTEND_DEPLOYMENT).bind(list(args.get("models", [])))
+
+
+__all__ = ["frontend_app", "model_app"]

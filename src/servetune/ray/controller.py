@@ -1,0 +1,190 @@
+"""The driver's view of the Ray cluster: connect, deploy the Serve config, wait, scale, describe replicas.
+
+Deploying goes through the same controller call as ``serve run config.yaml`` (a declarative config, so a change of
+``num_replicas`` alone scales in place rather than replacing replicas). The Ray calls that are not public API are
+kept in this module only: ``serve_start``/``deploy_apps`` and the GCS actor table for replica pids (the public
+state API needs the dashboard, which small clusters run without).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from servetune._exceptions import ModelError
+from servetune.ray._require import require_ray
+from servetune.ray.plan import ModelPlan, VersionPlan, deployment_name
+from servetune.ray.serve_config import serve_config
+
+log = logging.getLogger("servetune.ray")
+
+POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """One live replica process of a deployment."""
+
+    actor_id: str
+    pid: int
+    node_id: str
+    state: str
+    start_time: float
+
+
+class RayBackend:
+    """Serves ``models`` on a Ray cluster through Ray Serve's HTTP proxy at ``host:port``."""
+
+    def __init__(
+        self, models: list[ModelPlan], *, host: str, port: int, proxy_location: str, address: str | None = None
+    ) -> None:
+        self.models = {m.name: m for m in models}
+        self.host = host
+        self.port = port
+        self.proxy_location = proxy_location
+        self.address = address
+        self._client: Any = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Join the cluster at ``address`` (``auto``, ``host:port``, ``ray://...``; None: RAY_ADDRESS or a new
+        local one) and start Serve's controller and proxy with our HTTP options."""
+        ray = require_ray()
+        from ray.serve._private.api import serve_start
+
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
+            if self.address == "local":  # a new instance inside this process: small, no dashboard
+                kwargs["include_dashboard"] = False
+            ray.init(address=self.address, **kwargs)
+        self._client = serve_start(
+            http_options={"host": self.host, "port": self.port}, proxy_location=self.proxy_location
+        )
+
+    def config(self) -> dict[str, Any]:
+        return serve_config(
+            list(self.models.values()), host=self.host, port=self.port, proxy_location=self.proxy_location
+        )
+
+    def deploy(self) -> None:
+        """Apply the whole config: applications not in it are deleted, unchanged ones are left alone."""
+        from ray.serve.schema import ServeDeploySchema
+
+        self._client.deploy_apps(ServeDeploySchema.model_validate(self.config()))
+
+    def wait_deployed(self, timeout_s: float) -> dict[str, str | None]:
+        """Wait until every application runs or fails; model name -> None (running) or the failure message."""
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        names = list(self.models)
+        while True:
+            status = serve.status()
+            outcome: dict[str, str | None] = {}
+            for name in names:
+                app = status.applications.get(name)
+                state = state_name(app.status) if app is not None else "NOT_STARTED"
+                if state == "RUNNING":
+                    outcome[name] = None
+                elif state in ("DEPLOY_FAILED", "UNHEALTHY") and app is not None:
+                    outcome[name] = _failure(app)
+            if len(outcome) == len(names):
+                return outcome
+            if time.monotonic() > deadline:
+                for name in names:
+                    outcome.setdefault(name, f"not running after {timeout_s:g} s")
+                return outcome
+            time.sleep(POLL_S)
+
+    def shutdown(self) -> None:
+        """Delete every Serve application, the controller and the proxies, then leave the cluster."""
+        ray = require_ray()
+        from ray import serve
+
+        if ray.is_initialized():
+            try:
+                serve.shutdown()  # type: ignore[no-untyped-call]
+            finally:
+                ray.shutdown()
+
+    # ---- models ------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str | None = None) -> VersionPlan:
+        model = self.models.get(name)
+        if model is None:
+            raise ModelError(f"Model not found: {name}", 404, "ModelNotFoundException")
+        return model.get(version)
+
+    def scale(self, name: str, version: str | None, min_workers: int, max_workers: int) -> VersionPlan:
+        """Set a version's replica count (an autoscaling range when max > min) and apply it."""
+        plan = self.get(name, version).scaled(min_workers, max_workers)
+        model = self.models[name]
+        self.models[name] = ModelPlan(name, {**model.versions, plan.spec.version: plan}, model.default_version)
+        self.deploy()
+        return plan
+
+    def wait_replicas(self, name: str, version: str, count: int, timeout_s: float) -> bool:
+        """Wait until the deployment has exactly ``count`` running replicas and is healthy."""
+        from ray import serve
+
+        deployment = deployment_name(name, version)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            app = serve.status().applications.get(name)
+            found = app.deployments.get(deployment) if app is not None else None
+            if found is not None:
+                states = {state_name(k): v for k, v in found.replica_states.items()}
+                others = sum(v for k, v in states.items() if k != "RUNNING")
+                if states.get("RUNNING", 0) == count and not others and state_name(found.status) == "HEALTHY":
+                    return True
+            time.sleep(POLL_S)
+        return False
+
+    def replicas(self, name: str, version: str) -> list[ReplicaInfo]:
+        """Live replica processes of a version, oldest first (from the GCS actor table)."""
+        require_ray()
+        from ray._private import state
+
+        class_name = f"ServeReplica:{name}:{deployment_name(name, version)}"
+        table: dict[str, dict[str, Any]] = state.actors(actor_state_name="ALIVE")
+        found = [
+            ReplicaInfo(
+                actor_id=actor_id,
+                pid=int(info.get("Pid") or -1),
+                node_id=str((info.get("Address") or {}).get("NodeID", "")),
+                state=str(info.get("State")),
+                start_time=float(info.get("StartTime") or 0) / 1000.0,
+            )
+            for actor_id, info in table.items()
+            if info.get("ActorClassName") == class_name
+        ]
+        return sorted(found, key=lambda r: r.start_time)
+
+    def deployment_status(self, name: str, version: str) -> dict[str, Any]:
+        from ray import serve
+
+        app = serve.status().applications.get(name)
+        found = app.deployments.get(deployment_name(name, version)) if app is not None else None
+        if found is None:
+            return {"status": "NOT_DEPLOYED", "replicaStates": {}}
+        states = {state_name(k): int(v) for k, v in found.replica_states.items()}
+        return {"status": state_name(found.status), "message": found.message, "replicaStates": states}
+
+
+def state_name(value: Any) -> str:
+    """``RUNNING`` for Ray's status enums (``str(ApplicationStatus.RUNNING)`` spells the class too)."""
+    return str(getattr(value, "value", value))
+
+
+def _failure(app: Any) -> str:
+    messages = [str(app.message)] if getattr(app, "message", "") else []
+    for name, deployment in app.deployments.items():
+        if getattr(deployment, "message", ""):
+            messages.append(f"{name}: {deployment.message}")
+    return "; ".join(messages) or state_name(app.status)
+
+
+__all__ = ["RayBackend", "ReplicaInfo", "state_name"]

@@ -1,0 +1,140 @@
+"""TorchServe's management API for the Ray backend, served by the driver: list, describe, scale.
+
+``PUT /models/{name}[/{version}]?min_worker=N[&max_worker=M][&synchronous=true]`` sets the deployment's
+``num_replicas`` (an autoscaling range when M > N); ``GET /models/{name}`` describes the version with its live
+replica processes as ``workers``. Registering and unregistering answer 405: the Ray backend serves the start-up
+models (change the model store and restart, or deploy a new Serve config).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from servetune._exceptions import ModelError
+from servetune.ray.controller import RayBackend
+from servetune.ray.plan import VersionPlan
+from servetune.server.auth import TokenStore, auth_failed
+from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, error_response, exception_handlers, json_response
+
+SCALE_TIMEOUT_S = 120.0
+
+
+def _int(params: dict[str, str], key: str) -> int | None:
+    """TorchServe ignores a non-integer numeric parameter and uses the default."""
+    try:
+        return int(params[key]) if key in params else None
+    except ValueError:
+        return None
+
+
+def describe(backend: RayBackend, plan: VersionPlan) -> dict[str, Any]:
+    spec = plan.spec
+    name, version = spec.model_name, spec.version
+    replicas = backend.replicas(name, version)
+    status = backend.deployment_status(name, version)
+    model = backend.models[name]
+    return {
+        "modelName": name,
+        "modelVersion": version,
+        "modelUrl": spec.url,
+        "runtime": plan.manifest.get("runtime", "python"),
+        "minWorkers": plan.min_workers,
+        "maxWorkers": plan.max_workers,
+        "batchSize": spec.batch_size,
+        "maxBatchDelay": plan.max_batch_delay_ms,
+        "responseTimeout": int(spec.response_timeout_s),
+        "deviceType": "gpu" if spec.gpu else "cpu",
+        "isDefault": model.default_version == version,
+        "backend": "ray",
+        "deployment": status,
+        "workers": [
+            {
+                "id": r.actor_id[:12],
+                "startTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(r.start_time)),
+                "status": "READY" if r.state == "ALIVE" else r.state,
+                "pid": r.pid,
+                "node": r.node_id,
+                "gpu": spec.gpu,
+            }
+            for r in replicas
+        ],
+    }
+
+
+def create_management_app(backend: RayBackend, tokens: TokenStore | None) -> Starlette:
+    def authorized(request: Request) -> bool:
+        return tokens is None or tokens.check("management", request.headers.get("authorization"))
+
+    def not_allowed() -> Response:
+        return error_response(405, "MethodNotAllowedException", METHOD_NOT_ALLOWED_MESSAGE)
+
+    async def models(request: Request) -> Response:
+        if not authorized(request):
+            return auth_failed()
+        if request.method != "GET":
+            return not_allowed()
+        params = dict(request.query_params)
+        limit = _int(params, "limit") or 100
+        limit = 100 if limit <= 0 or limit > 100 else limit
+        start = _int(params, "next_page_token") or 0
+        names = sorted(backend.models)
+        payload: dict[str, Any] = {}
+        if start + limit < len(names):
+            payload["nextPageToken"] = str(start + limit)
+        payload["models"] = [
+            {"modelName": n, "modelUrl": backend.get(n).spec.url} for n in names[start : start + limit]
+        ]
+        return json_response(payload)
+
+    async def model(request: Request) -> Response:
+        if not authorized(request):
+            return auth_failed()
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
+        if request.method == "GET":
+            if version == "all":
+                backend.get(name)
+                plans = [backend.models[name].versions[v] for v in sorted(backend.models[name].versions)]
+            else:
+                plans = [backend.get(name, version)]
+            described = await asyncio.to_thread(lambda: [describe(backend, p) for p in plans])
+            return json_response(described)
+        if request.method != "PUT":
+            return not_allowed()
+        params = dict(request.query_params)
+        version = version or params.get("model_version")
+        plan = backend.get(name, version)
+        min_worker = _int(params, "min_worker")
+        min_worker = 1 if min_worker is None else min_worker
+        max_worker = _int(params, "max_worker")
+        max_worker = min_worker if max_worker is None else max_worker
+        if min_worker < 0:
+            raise ModelError("min_worker cannot be negative.", 400)
+        if max_worker < min_worker:
+            raise ModelError("max_worker cannot be less than min_worker.", 400)
+        await asyncio.to_thread(backend.scale, name, plan.spec.version, min_worker, max_worker)
+        if (params.get("synchronous") or "false").strip().lower() != "true":
+            return json_response({"status": "Processing worker updates..."}, 202)
+        timeout = float(_int(params, "timeout") or SCALE_TIMEOUT_S)
+        done = await asyncio.to_thread(backend.wait_replicas, name, plan.spec.version, min_worker, timeout)
+        if not done:
+            return json_response({"status": "Workers scaling in progress..."}, 206)
+        suffix = "" if request.path_params.get("version") is None else f", version: {version}"
+        return json_response({"status": f"Workers scaled to {min_worker} for model: {name}{suffix}"})
+
+    routes = [
+        Route("/models", models, methods=["GET", "POST"]),
+        Route("/models/{name}", model, methods=["GET", "PUT", "DELETE"]),
+        Route("/models/{name}/{version}", model, methods=["GET", "PUT", "DELETE"]),
+    ]
+    return Starlette(routes=routes, exception_handlers=exception_handlers())
+
+
+__all__ = ["create_management_app", "describe"]

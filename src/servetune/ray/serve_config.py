@@ -1,0 +1,96 @@
+"""The Ray Serve config file (``serve deploy`` / KubeRay ``serveConfigV2``) for a set of planned models.
+
+One application per model name at ``/predictions/<name>`` whose ingress is the default version's deployment (the
+proxy hands each request straight to a replica: one hop), plus a small ``servetune`` application at ``/`` for
+``/ping`` and TorchServe's 404s. Knobs: workers -> ``num_replicas`` (``autoscaling_config`` when max > min),
+batch size -> ``@serve.batch`` max size (an application arg: the handler's context carries it, so a change reloads),
+batch delay -> ``user_config`` (changed in place), ``deviceType: gpu`` -> one GPU per replica.
+
+Only ``num_replicas``/``autoscaling_config``/``user_config`` changes keep replicas: Ray hashes the import path and
+args into the code version, so anything else redeploys the application.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servetune.ray.plan import FRONTEND_APP, ModelPlan, VersionPlan, deployment_name
+
+MODEL_APP_IMPORT = "servetune.ray.app:model_app"
+FRONTEND_APP_IMPORT = "servetune.ray.app:frontend_app"
+FRONTEND_DEPLOYMENT = "Frontend"
+
+
+def max_ongoing_requests(batch_size: int) -> int:
+    """Requests a replica holds at once: a batch running and the next one forming (Ray wants >= the batch size)."""
+    return max(2, 2 * batch_size)
+
+
+def deployment_options(plan: VersionPlan) -> dict[str, Any]:
+    spec = plan.spec
+    options: dict[str, Any] = {
+        "name": deployment_name(spec.model_name, spec.version),
+        "max_ongoing_requests": max_ongoing_requests(spec.batch_size),
+        "max_queued_requests": plan.job_queue_size,
+        "user_config": {"max_batch_delay_ms": plan.max_batch_delay_ms},
+        "ray_actor_options": {"num_cpus": plan.num_cpus, "num_gpus": 1 if spec.gpu else 0},
+        "graceful_shutdown_timeout_s": max(5.0, spec.response_timeout_s),
+        "health_check_period_s": 2.0,
+        "health_check_timeout_s": 30.0,
+    }
+    if plan.autoscaling:
+        options["autoscaling_config"] = {
+            "min_replicas": plan.min_workers,
+            "max_replicas": plan.max_workers,
+            "initial_replicas": plan.min_workers,
+            "target_ongoing_requests": spec.batch_size,
+        }
+    else:
+        options["num_replicas"] = plan.min_workers
+    return options
+
+
+def model_application(model: ModelPlan) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "route_prefix": f"/predictions/{model.name}",
+        "import_path": MODEL_APP_IMPORT,
+        "args": {
+            "model": model.name,
+            "default_version": model.default_version,
+            "versions": {v: plan.spec.to_dict() for v, plan in sorted(model.versions.items())},
+        },
+        "deployments": [deployment_options(plan) for _, plan in sorted(model.versions.items())],
+    }
+
+
+def frontend_application(models: list[ModelPlan]) -> dict[str, Any]:
+    return {
+        "name": FRONTEND_APP,
+        "route_prefix": "/",
+        "import_path": FRONTEND_APP_IMPORT,
+        "args": {"models": sorted(m.name for m in models)},
+        "deployments": [{"name": FRONTEND_DEPLOYMENT, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}],
+    }
+
+
+def serve_config(
+    models: list[ModelPlan], *, host: str = "0.0.0.0", port: int = 8000, proxy_location: str = "EveryNode"
+) -> dict[str, Any]:
+    """A multi-application Ray Serve config, valid for ``serve deploy`` and KubeRay's ``serveConfigV2``."""
+    return {
+        "proxy_location": proxy_location,
+        "http_options": {"host": host, "port": port},
+        "applications": [frontend_application(models), *(model_application(m) for m in models)],
+    }
+
+
+def write_serve_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+__all__ = ["deployment_options", "max_ongoing_requests", "serve_config", "write_serve_config"]

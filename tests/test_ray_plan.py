@@ -1,0 +1,134 @@
+"""The Ray backend's plan and Serve config: archives read, knobs mapped onto Ray Serve's. Needs no Ray cluster
+(and no Ray, except for validating the config against Ray's own schema)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from models import sleep_archive
+
+from servetune._exceptions import ConfigError
+from servetune.cli import cli
+from servetune.config.server import ServerConfig
+from servetune.ray import plan_models, serve_config
+from servetune.ray.serve_config import max_ongoing_requests
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+def _config(store: Path, **properties: str) -> ServerConfig:
+    return ServerConfig.from_properties({"model_store": str(store), **properties})
+
+
+def _validate_with_ray(config: dict[str, object]) -> None:
+    if HAS_RAY:
+        with warnings.catch_warnings():  # Ray's schema module uses pydantic features deprecated in 2.x
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from ray.serve.schema import ServeDeploySchema
+
+        ServeDeploySchema.model_validate(config)
+
+
+def test_model_config_knobs_become_ray_serve_knobs(tmp_path: Path) -> None:
+    model_config = {
+        "minWorkers": 2,
+        "maxWorkers": 4,
+        "batchSize": 8,
+        "maxBatchDelay": 50,
+        "deviceType": "gpu",
+        "numThreads": 2,
+        "responseTimeout": 30,
+        "optimization": "bf16",
+    }
+    sleep_archive(tmp_path, model_config=model_config)
+    [model] = plan_models(_config(tmp_path), ("sleep.mar",))
+    plan = model.get(None)
+    assert (plan.min_workers, plan.max_workers, plan.spec.batch_size, plan.max_batch_delay_ms) == (2, 4, 8, 50)
+    assert plan.spec.model_yaml_config["optimization"] == "bf16"  # the variant is applied by the handler at load
+    assert plan.spec.url == str((tmp_path / "sleep.mar").resolve())
+
+    config = serve_config([model], host="127.0.0.1", port=8123, proxy_location="HeadOnly")
+    _validate_with_ray(config)
+    frontend, app = config["applications"]
+    assert (frontend["name"], frontend["route_prefix"]) == ("servetune", "/")
+    assert (app["name"], app["route_prefix"]) == ("sleep", "/predictions/sleep")
+    assert app["args"]["versions"]["1.0"]["batch_size"] == 8
+    [deployment] = app["deployments"]
+    assert deployment["name"] == "sleep_v1_0"
+    assert deployment["autoscaling_config"] == {
+        "min_replicas": 2,
+        "max_replicas": 4,
+        "initial_replicas": 2,
+        "target_ongoing_requests": 8,
+    }
+    assert "num_replicas" not in deployment
+    assert deployment["user_config"] == {"max_batch_delay_ms": 50}
+    assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1}
+    assert deployment["max_ongoing_requests"] == max_ongoing_requests(8) >= 8
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
+
+
+def test_workers_default_and_models_json_precedence(tmp_path: Path) -> None:
+    sleep_archive(tmp_path, model_config={"maxBatchDelay": 7})
+    models_json = json.dumps({"sleep": {"1.0": {"batchSize": 3, "maxBatchDelay": 900}}})
+    [model] = plan_models(_config(tmp_path, default_workers_per_model="3", models=models_json), ("sleep=sleep.mar",))
+    plan = model.get("1.0")
+    # models= JSON < model-config.yaml, as on the native server
+    assert (plan.spec.batch_size, plan.max_batch_delay_ms) == (3, 7)
+    [deployment] = serve_config([model])["applications"][1]["deployments"]
+    assert deployment["num_replicas"] == 3 and "autoscaling_config" not in deployment
+    assert deployment["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0}
+
+
+def test_two_versions_are_one_application_with_a_deployment_each(tmp_path: Path) -> None:
+    sleep_archive(tmp_path, name="m", version="1.0")
+    (tmp_path / "m.mar").rename(tmp_path / "m1.mar")
+    sleep_archive(tmp_path, name="m", version="2.0")
+    [model] = plan_models(_config(tmp_path), ("m1.mar", "m.mar"))
+    assert model.default_version == "1.0" and sorted(model.versions) == ["1.0", "2.0"]
+    config = serve_config([model])
+    _validate_with_ray(config)
+    app = config["applications"][1]
+    assert [d["name"] for d in app["deployments"]] == ["m_v1_0", "m_v2_0"]
+    assert sorted(app["args"]["versions"]) == ["1.0", "2.0"] and app["args"]["default_version"] == "1.0"
+    with pytest.raises(Exception, match="does not exist for model: m"):
+        model.get("3.0")
+
+
+def test_the_frontend_name_is_reserved(tmp_path: Path) -> None:
+    sleep_archive(tmp_path, name="servetune")
+    with pytest.raises(ConfigError, match="reserved"):
+        plan_models(_config(tmp_path), ("servetune.mar",))
+
+
+def test_cli_writes_a_serve_deploy_config(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    sleep_archive(store, model_config={"minWorkers": 2, "maxWorkers": 2})
+    out = tmp_path / "serve.yaml"
+    args = ["serve", "--backend", "ray", "--dt", "--model-store", str(store), "--models", "all"]
+    result = CliRunner().invoke(cli, [*args, "--ray-serve-config", str(out)])
+    assert result.exit_code == 0, result.output
+    written = yaml.safe_load(out.read_text())
+    _validate_with_ray(written)
+    [app] = [a for a in written["applications"] if a["name"] == "sleep"]
+    assert app["import_path"] == "servetune.ray.app:model_app"
+    assert app["deployments"][0]["num_replicas"] == 2
+
+
+def test_without_ray_the_cli_says_how_to_install_it(tmp_path: Path) -> None:
+    # A None entry in sys.modules makes ``import ray`` fail as if Ray were not installed.
+    code = (
+        "import sys; sys.modules['ray'] = None; from servetune.cli import main; "
+        f"main(['serve', '--backend', 'ray', '--dt', '--model-store', {str(tmp_path)!r}])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'servetune[ray]'" in done.stderr

@@ -1,0 +1,314 @@
+"""The Ray backend on a real two-node Ray cluster (``ray start`` head + a second node, on this machine).
+
+One cluster and one ``servetune serve --backend ray`` driver for the module; the tests run in order: serve like
+the native server, batch, bench unchanged, scale 1 -> 2 -> 1, SIGKILL a replica and see it replaced, stop clean.
+The cluster is stopped at the end by the process ids it started (never ``ray stop``, which would stop every Ray
+cluster on the machine).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'servetune[ray]')")
+
+from models import sleep_archive  # noqa: E402
+from servetune.bench import BenchSpec, run_bench  # noqa: E402
+from servetune.ray.embedded import EmbeddedRayServer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+START_TIMEOUT_S = 120.0
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class LocalRayCluster:
+    """A head and extra node processes started with ``ray start``; stopped by the pids they started."""
+
+    def __init__(self, head_cpus: int = 2, node_cpus: tuple[int, ...] = (1,)) -> None:
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths are long
+        self.head_cpus = head_cpus
+        self.node_cpus = node_cpus
+        self.gcs_port = 0
+        self.address = ""
+        self.log: list[str] = []
+
+    def _ray_start(self, args: list[str]) -> None:
+        ports = _free_ports(5)
+        command = [
+            shutil.which("ray") or "ray",
+            "start",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={ports[0]}",
+            f"--dashboard-agent-grpc-port={ports[1]}",
+            f"--metrics-export-port={ports[2]}",
+            f"--runtime-env-agent-port={ports[3]}",
+            *args,
+        ]
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS", None)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, env=env, check=False)
+        self.log.append(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+    def start(self) -> LocalRayCluster:
+        self.gcs_port, client_port, dashboard_port = _free_ports(3)
+        self._ray_start(
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--ray-client-server-port={client_port}",
+                f"--dashboard-port={dashboard_port}",
+                "--include-dashboard=false",
+                f"--num-cpus={self.head_cpus}",
+                "--num-gpus=0",
+                "--object-store-memory=200000000",
+                f"--temp-dir={self.temp_dir}",
+            ]
+        )
+        # the head advertises the machine's address, whatever --node-ip-address says: read it back
+        for line in self.log[-1].splitlines():
+            if "ray start --address='" in line:
+                self.address = line.split("--address='")[1].split("'")[0]
+        self.address = self.address or f"127.0.0.1:{self.gcs_port}"
+        for cpus in self.node_cpus:
+            self._ray_start(
+                [f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=0", "--object-store-memory=100000000"]
+            )
+        return self
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of this cluster: those naming its temp dir or GCS port, and their descendants."""
+        marks = (str(self.temp_dir), f":{self.gcs_port}")
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if self.gcs_port and any(m in cmdline for m in marks):
+                found[proc.pid] = proc
+                try:
+                    found.update({c.pid: c for c in proc.children(recursive=True)})
+                except psutil.NoSuchProcess:
+                    pass
+        return [p for p in found.values() if p.pid != os.getpid()]
+
+    def stop(self) -> None:
+        procs = self.processes()
+        for proc in procs:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _post(url: str, body: bytes = b"hello", timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "text/plain"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def _get(url: str, method: str = "GET") -> tuple[int, Any]:
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalRayCluster]:
+    ray_cluster = LocalRayCluster()
+    try:
+        yield ray_cluster.start()
+    finally:
+        ray_cluster.stop()
+    assert not ray_cluster.processes(), "Ray processes outlived the cluster"
+
+
+@pytest.fixture(scope="module")
+def server(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRayServer]:
+    store = tmp_path_factory.mktemp("store")
+    sleep_archive(store, batch_ms=30, model_config={"batchSize": 4, "maxBatchDelay": 150})
+    sleep_archive(store, name="other", batch_ms=1)
+    properties = {"disable_token_authorization": "true", "default_workers_per_model": "1"}
+    running = EmbeddedRayServer(
+        store,
+        {"sleep": "sleep.mar", "other": "other.mar"},
+        properties,
+        ray_address=cluster.address,
+        workdir=tmp_path_factory.mktemp("driver"),
+        startup_timeout=START_TIMEOUT_S,
+    )
+    try:
+        yield running.start()
+    finally:
+        running.stop()
+
+
+class Client:
+    def __init__(self, server: EmbeddedRayServer) -> None:
+        self.inference = server.inference_url
+        self.management = server.management_url
+
+    def predict(self, body: bytes = b"hello", model: str = "sleep") -> tuple[int, dict[str, str], bytes]:
+        return _post(f"{self.inference}/predictions/{model}", body)
+
+    def worker_pids(self) -> list[int]:
+        status, described = _get(f"{self.management}/models/sleep")
+        assert status == 200, described
+        return [w["pid"] for w in described[0]["workers"]]
+
+    def serving_pids(self, requests: int = 16) -> set[int]:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: self.predict(f"p{i}".encode()), range(requests)))
+        return {json.loads(body)["pid"] for status, _, body in results if status == 200}
+
+    def scale(self, workers: int) -> None:
+        url = f"{self.management}/models/sleep?min_worker={workers}&synchronous=true&timeout=90"
+        status, answer = _get(url, method="PUT")
+        assert (status, answer) == (200, {"status": f"Workers scaled to {workers} for model: sleep"})
+
+
+def test_serves_predictions_and_torchserve_errors(server: EmbeddedRayServer) -> None:
+    client = Client(server)
+    assert server.output.count("Model server started.") == 1
+    status, headers, body = client.predict(b"hello")
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["echo"] == "hello" and answer["batch_size"] == 1
+    assert float(headers["x-servetune-handler-ms"]) >= 30.0
+    assert headers["x-servetune-batch-size"] == "1"
+    assert client.predict(b"x", model="other")[0] == 200
+    assert _get(f"{client.inference}/ping") == (200, {"status": "Healthy"})
+    status, _, body = client.predict(b"x", model="nope")
+    assert (status, json.loads(body)["type"]) == (404, "ModelNotFoundException")
+    status, _, body = _post(f"{client.inference}/predictions/sleep/9.9", b"x")
+    assert (status, json.loads(body)["message"]) == (404, "Model version: 9.9 does not exist for model: sleep")
+    assert _post(f"{client.inference}/predictions/sleep/1.0", b"x")[0] == 200
+    status, _, body = client.predict(b"boom")
+    assert (status, json.loads(body)) == (
+        503,
+        {"code": 503, "type": "InternalServerException", "message": "Prediction failed"},
+    )
+    assert _get(f"{client.inference}/predictions/sleep")[0] == 405
+    assert _get(f"{client.inference}/nowhere")[0] == 404
+
+
+def test_requests_are_batched_up_to_batch_size(server: EmbeddedRayServer) -> None:
+    client = Client(server)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: client.predict(f"b{i}".encode()), range(8)))
+    assert all(status == 200 for status, _, _ in results)
+    sizes = [int(headers["x-servetune-batch-size"]) for _, headers, _ in results]
+    assert max(sizes) > 1 and max(sizes) <= 4, sizes
+    assert all(json.loads(body)["batch_size"] == size for (_, _, body), size in zip(results, sizes, strict=True))
+
+
+def test_bench_measures_the_ray_backend_unchanged(server: EmbeddedRayServer) -> None:
+    spec = BenchSpec(
+        url=f"{server.inference_url}/predictions/sleep",
+        content_type="text/plain",
+        concurrency=4,
+        requests=40,
+        management_url=server.management_url,
+    )
+    result = run_bench(spec)
+    assert result.failed == 0, result.errors
+    assert result.samples is not None and min(result.samples.handler_ms) >= 30.0
+    assert result.labels["batch_size"] == "4" and result.labels["workers"] == "1"
+
+
+def test_scale_up_kill_a_replica_and_scale_down(server: EmbeddedRayServer) -> None:
+    client = Client(server)
+    [first] = client.worker_pids()
+    client.scale(2)
+    pids = client.worker_pids()
+    assert len(pids) == 2 and first in pids, "scaling up must keep the running replica"
+    _wait_for(lambda: client.serving_pids() == set(pids), 60, "both replicas to serve")
+
+    victim = pids[0]
+    os.kill(victim, signal.SIGKILL)
+    codes = [client.predict(b"during")[0] for _ in range(10)]  # the survivor keeps serving meanwhile
+    assert codes.count(200) >= 8, codes
+    replaced = _wait_for(
+        lambda: (p := client.worker_pids()) and len(p) == 2 and victim not in p and p, 90, "a replacement replica"
+    )
+    assert replaced[0] in pids  # the survivor, then the new one
+    _wait_for(lambda: _get(f"{client.inference}/ping") == (200, {"status": "Healthy"}), 60, "ping Healthy")
+    _wait_for(lambda: client.serving_pids() == set(replaced), 60, "traffic on both replicas")
+
+    client.scale(1)
+    [left] = client.worker_pids()
+    assert left in replaced
+    assert client.serving_pids() == {left}
+
+
+def test_the_only_replica_killed_comes_back(server: EmbeddedRayServer) -> None:
+    client = Client(server)
+    [victim] = client.worker_pids()
+    os.kill(victim, signal.SIGKILL)
+    _wait_for(lambda: client.predict(b"again")[0] == 200, 90, "traffic to recover")
+    status, _, body = client.predict(b"after")
+    assert status == 200 and json.loads(body)["pid"] != victim
+
+
+def test_driver_stops_cleanly_and_removes_the_replicas(server: EmbeddedRayServer) -> None:
+    pids = Client(server).worker_pids()
+    assert server.stop() == 0
+    assert "Model server stopped." in server.output
+    _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 30, "the replicas to exit")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))
