@@ -5,7 +5,7 @@ Two models:
   once whatever the workers), 6 workers x 6 batch sizes x 2 delays = 72 configs, closed loop with batch x workers
   clients, SLA P99 <= 300 ms;
 - ``resnet18``: ResNet-18 on CPU behind the built-in image_classifier (examples/resnet18), 4 workers x 5 batch sizes
-  x 3 delays = 60 configs, SLA P99 <= --resnet-sla ms.
+  x 3 delays = 60 configs, one intra-op thread per worker, SLA P99 <= --resnet-sla ms.
 
     python benchmarks/tune_adaptive_vs_grid.py [--models cost,resnet18] [--duration 2] [--out DIR]
 
@@ -17,6 +17,7 @@ Prints, per model: the grid's best config and objective, the adaptive search's, 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -59,6 +60,9 @@ def resnet_study(folder: Path, duration: float, sla_ms: float) -> dict[str, Any]
         "sla": {"p99_ms": sla_ms},
         "space": {"workers": [1, 2, 3, 4], "batch_size": [1, 2, 4, 8, 16], "batch_delay_ms": [5, 25, 50]},
         "load": {"duration": f"{duration}s", "warmup": "1s"},
+        # One intra-op thread per worker: on a small shared machine two OpenMP threads per worker stall badly
+        # whenever another process takes a core, which would drown what the knobs do.
+        "server": {"threads_per_worker": 1},
     }
 
 
@@ -67,6 +71,8 @@ def run(study: dict[str, Any], strategy: str, folder: Path, console: Console) ->
     path.write_text(yaml.safe_dump({**study, "strategy": {"name": strategy, "remeasure": 3}}))
     started = time.monotonic()
     result = tune(load_study(path), folder / f"{strategy}-out", console=console)
+    if result.stopped == "interrupted":
+        raise KeyboardInterrupt
     return result, time.monotonic() - started
 
 
@@ -101,6 +107,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="keep the study folders here (default: a temporary folder)")
     args = parser.parse_args()
     console = Console(stderr=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C, so the embedded server is stopped too
     with tempfile.TemporaryDirectory(prefix="servetune-tune-bench-") as tmp:
         root = args.out or Path(tmp)
         results = []
@@ -115,6 +122,10 @@ def main() -> int:
                 parser.error(f"unknown model {name!r}")
             results.append(compare(name, study, folder, console))
     return 0 if all(results) else 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

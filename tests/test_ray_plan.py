@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from models import sleep_archive
 
+from models import sleep_archive
 from servetune._exceptions import ConfigError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
@@ -132,3 +132,17 @@ def test_without_ray_the_cli_says_how_to_install_it(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2, done.stderr
     assert "pip install 'servetune[ray]'" in done.stderr
+
+
+def test_an_unreadable_start_up_model_is_reported_and_skipped(tmp_path: Path) -> None:
+    sleep_archive(tmp_path)
+    (tmp_path / "broken.mar").write_bytes(b"not a zip")
+    reported: list[tuple[str, str]] = []
+    plans = plan_models(
+        _config(tmp_path), ("sleep.mar", "broken.mar", "gone=missing.mar"), lambda m, e: reported.append((m, str(e)))
+    )
+    assert [p.name for p in plans] == ["sleep"]
+    assert [m for m, _ in reported] == ["broken.mar", "gone"]
+    assert "Model not found in model store: missing.mar" in reported[1][1]
+    with pytest.raises(Exception, match="missing.mar"):
+        plan_models(_config(tmp_path), ("gone=missing.mar",))

@@ -36,6 +36,9 @@ from servetune.ray.embedded import EmbeddedRayServer  # noqa: E402
 pytestmark = pytest.mark.slow
 
 START_TIMEOUT_S = 120.0
+# Ray turns token authentication on when ~/.ray/auth_token exists (a local ray.init() writes one): say it for every
+# process of the test cluster, the driver included, so that the machine's history does not matter.
+AUTH_MODE = "disabled"
 
 
 def _free_ports(n: int) -> list[int]:
@@ -73,7 +76,7 @@ class LocalRayCluster:
             f"--runtime-env-agent-port={ports[3]}",
             *args,
         ]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": AUTH_MODE}
         env.pop("RAY_ADDRESS", None)
         done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, env=env, check=False)
         self.log.append(done.stdout + done.stderr)
@@ -127,7 +130,7 @@ class LocalRayCluster:
                 proc.terminate()
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=15)
+        _, alive = psutil.wait_procs(procs, timeout=5)
         for proc in alive:
             try:
                 proc.kill()
@@ -168,11 +171,17 @@ def _wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.5) 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = AUTH_MODE  # inherited by the driver subprocess
     ray_cluster = LocalRayCluster()
     try:
         yield ray_cluster.start()
     finally:
         ray_cluster.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
     assert not ray_cluster.processes(), "Ray processes outlived the cluster"
 
 
@@ -181,7 +190,8 @@ def server(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -
     store = tmp_path_factory.mktemp("store")
     sleep_archive(store, batch_ms=30, model_config={"batchSize": 4, "maxBatchDelay": 150})
     sleep_archive(store, name="other", batch_ms=1)
-    properties = {"disable_token_authorization": "true", "default_workers_per_model": "1"}
+    sleep_archive(store, name="late", batch_ms=1)
+    properties = {"disable_token_authorization": "true", "default_workers_per_model": "1", "enable_model_api": "true"}
     running = EmbeddedRayServer(
         store,
         {"sleep": "sleep.mar", "other": "other.mar"},
@@ -269,6 +279,31 @@ def test_bench_measures_the_ray_backend_unchanged(server: EmbeddedRayServer) -> 
     assert result.labels["batch_size"] == "4" and result.labels["workers"] == "1"
 
 
+def test_register_scale_to_zero_and_unregister(server: EmbeddedRayServer) -> None:
+    client = Client(server)
+    url = f"{client.management}/models?url=late.mar&batch_size=2&max_batch_delay=5&initial_workers=1&synchronous=true"
+    assert _get(url, method="POST") == (200, {"status": 'Model "late" Version: 1.0 registered with 1 initial workers'})
+    status, _, body = client.predict(b"x", model="late")
+    assert status == 200, body
+    assert _get(url, method="POST")[0] == 409
+    status, described = _get(f"{client.management}/models/late")
+    assert (described[0]["batchSize"], described[0]["maxBatchDelay"], len(described[0]["workers"])) == (2, 5, 1)
+
+    scaled = _get(f"{client.management}/models/late?min_worker=0&synchronous=true", method="PUT")
+    assert scaled == (200, {"status": "Workers scaled to 0 for model: late"})
+    status, headers, body = _wait_for(
+        lambda: (r := client.predict(b"x", model="late"))[0] == 503 and r, 60, "503 from a model with no worker"
+    )
+    assert json.loads(body)["message"].startswith('Model "late" has no worker to serve inference request.')
+    assert headers["retry-after"] == "1"
+
+    assert _get(f"{client.management}/models/late", method="DELETE") == (200, {"status": 'Model "late" unregistered'})
+    assert _get(f"{client.management}/models/late")[0] == 404
+    status, _, body = _wait_for(lambda: (r := client.predict(b"x", model="late"))[0] == 404 and r, 60, "404")
+    assert json.loads(body)["type"] == "ModelNotFoundException"
+    assert client.predict(b"still")[0] == 200  # the other models were left alone
+
+
 def test_scale_up_kill_a_replica_and_scale_down(server: EmbeddedRayServer) -> None:
     client = Client(server)
     [first] = client.worker_pids()
@@ -301,6 +336,24 @@ def test_the_only_replica_killed_comes_back(server: EmbeddedRayServer) -> None:
     _wait_for(lambda: client.predict(b"again")[0] == 200, 90, "traffic to recover")
     status, _, body = client.predict(b"after")
     assert status == 200 and json.loads(body)["pid"] != victim
+
+
+def test_tuner_tunes_the_ray_deployment_through_its_management_api(server: EmbeddedRayServer, tmp_path: Path) -> None:
+    from servetune.tune import Remote, load_study, tune
+
+    (tmp_path / "in.txt").write_text("hello")
+    study_file = tmp_path / "study.yaml"
+    study_file.write_text(
+        "model: sleep\narchive: in.txt\ninput: in.txt\nsla: {p99_ms: 2000}\nstrategy: grid\nbudget: 2m\n"
+        "space: {workers: [1], batch_size: [1, 4], batch_delay_ms: [20]}\nload: {duration: 2s, warmup: 1s}\n"
+    )
+    result = tune(load_study(study_file), tmp_path / "out", remote=Remote(server.inference_url, server.management_url))
+    winner = result.analysis.winner
+    assert winner is not None and winner.config.batch_size == 4, result.analysis
+    # the tuner put the model back as it found it: batch 4, delay 150 ms, one worker
+    status, described = _get(f"{server.management_url}/models/sleep")
+    assert (described[0]["batchSize"], described[0]["maxBatchDelay"], len(described[0]["workers"])) == (4, 150, 1)
+    assert Client(server).predict(b"after tuning")[0] == 200
 
 
 def test_driver_stops_cleanly_and_removes_the_replicas(server: EmbeddedRayServer) -> None:

@@ -23,12 +23,13 @@ from servetune.bench.spec import BenchSpec
 T = TypeVar("T")
 
 
-async def describe_model(management_url: str, model: str) -> dict[str, str]:
+async def describe_model(management_url: str, model: str, token: str | None = None) -> dict[str, str]:
     """CSV labels (batch_size, batch_delay, workers) from the management API's ``GET /models/{model}``."""
     url = f"{management_url.rstrip('/')}/models/{model}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            async with session.get(url) as response:
+            async with session.get(url, headers=headers) as response:
                 if response.status != 200:
                     raise BenchError(f"management_url: GET {url} answered {response.status}")
                 described: Any = await response.json(content_type=None)
@@ -50,7 +51,7 @@ async def run_bench_async(spec: BenchSpec, progress: Progress | None = None) -> 
     payloads = load_payloads(spec.input, spec.content_type, spec.form_field)
     engine = get_engine(spec.engine)
     if spec.management_url and spec.model:
-        described = await describe_model(spec.management_url, spec.model)
+        described = await describe_model(spec.management_url, spec.model, spec.management_token)
         spec = dataclasses.replace(spec, labels={**described, **spec.labels})
     scrapes: dict[str, Samples] = {}
 

@@ -46,6 +46,7 @@ class BenchSpec:
     engine: str = "async"
     metrics_url: str | None = None
     management_url: str | None = None
+    management_token: str | None = field(default=None, repr=False)  # Bearer key for management_url, if it wants one
     max_connections: int = 1024
     seed: int = 0
     labels: dict[str, str] = field(default_factory=dict)

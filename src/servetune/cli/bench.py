@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -66,6 +67,11 @@ def _pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, st
     help="Management address (e.g. http://127.0.0.1:8081): fills batch size, "
     "batch delay and workers into the report from GET /models/{model}.",
 )
+@click.option(
+    "--management-token",
+    help="Bearer key for --management-url when token auth is on (the 'management' key of key_file.json); "
+    "or set SERVETUNE_MANAGEMENT_TOKEN.",
+)
 @click.option("--max-connections", type=int, default=1024, help="Open loop: most connections open at once.")
 @click.option("--seed", type=int, default=0, help="Seed of the Poisson arrivals.")
 @click.option("--label", "labels", multiple=True, help="key=value written to the report, e.g. batch_size=4.")
@@ -93,6 +99,7 @@ def command(
     engine: str,
     metrics_url: str | None,
     management_url: str | None,
+    management_token: str | None,
     max_connections: int,
     seed: int,
     labels: tuple[str, ...],
@@ -120,6 +127,7 @@ def command(
         engine=engine,
         metrics_url=metrics_url,
         management_url=management_url,
+        management_token=management_token or os.environ.get("SERVETUNE_MANAGEMENT_TOKEN"),
         max_connections=max_connections,
         seed=seed,
         labels=dict(_pairs(labels, "=", "--label")),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 import click
 
@@ -54,6 +56,7 @@ def command(
     from servetune.tune.report import describe, headline
 
     console = Console(stderr=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: the server is stopped, the report written
     budget_s = duration("--budget", budget) if budget is not None else None
     study = load_study(study_file).with_overrides(sla_p99_ms=sla_p99, budget_s=budget_s, strategy=strategy)
     out = out or study_file.with_name(f"{study_file.stem}-tune")
@@ -77,3 +80,7 @@ def command(
         sys.exit(130)
     if analysis.winner is None:
         sys.exit(1)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

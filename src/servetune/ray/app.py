@@ -30,13 +30,15 @@ def model_app(args: dict[str, Any]) -> Application:
         for version, spec in versions.items()
         if version != default
     }
-    return replica.options(name=deployment_name(model, default)).bind(versions[default], others)
+    idle = list(args.get("idle_versions", []))
+    return replica.options(name=deployment_name(model, default)).bind(versions[default], others, idle)
 
 
 def frontend_app(args: dict[str, Any]) -> Application:
     """``/ping`` and the 404s."""
     frontend = cast(Deployment, serve.deployment(Frontend))
-    return frontend.options(name=FRONTEND_DEPLOYMENT).bind(list(args.get("models", [])))
+    served, idle = list(args.get("models", [])), list(args.get("idle_models", []))
+    return frontend.options(name=FRONTEND_DEPLOYMENT).bind(served, idle)
 
 
 __all__ = ["frontend_app", "model_app"]

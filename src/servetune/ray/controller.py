@@ -9,13 +9,14 @@ state API needs the dashboard, which small clusters run without).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from servetune._exceptions import ModelError
 from servetune.ray._require import require_ray
-from servetune.ray.plan import ModelPlan, VersionPlan, deployment_name
+from servetune.ray.plan import FRONTEND_APP, ModelPlan, VersionPlan, deployment_name
 from servetune.ray.serve_config import serve_config
 
 log = logging.getLogger("servetune.ray")
@@ -75,12 +76,13 @@ class RayBackend:
 
         self._client.deploy_apps(ServeDeploySchema.model_validate(self.config()))
 
-    def wait_deployed(self, timeout_s: float) -> dict[str, str | None]:
-        """Wait until every application runs or fails; model name -> None (running) or the failure message."""
+    def wait_deployed(self, timeout_s: float, names: list[str] | None = None) -> dict[str, str | None]:
+        """Wait until every (named) model's application runs or fails; name -> None (running) or the failure.
+        Models scaled to 0 workers have no application and count as running."""
         from ray import serve
 
         deadline = time.monotonic() + timeout_s
-        names = list(self.models)
+        names = [n for n in (names if names is not None else list(self.models)) if self.models[n].serving]
         while True:
             status = serve.status()
             outcome: dict[str, str | None] = {}
@@ -99,16 +101,20 @@ class RayBackend:
                 return outcome
             time.sleep(POLL_S)
 
-    def shutdown(self) -> None:
-        """Delete every Serve application, the controller and the proxies, then leave the cluster."""
+    def shutdown(self, timeout_s: float = 15.0) -> None:
+        """Delete every Serve application, the controller and the proxies, then leave the cluster. Bounded: when
+        the cluster is going down too (Ctrl-C reaches a local instance's processes as well), give up waiting."""
         ray = require_ray()
         from ray import serve
 
-        if ray.is_initialized():
-            try:
-                serve.shutdown()  # type: ignore[no-untyped-call]
-            finally:
-                ray.shutdown()
+        if not ray.is_initialized():
+            return
+        stopper = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
+        stopper.start()
+        stopper.join(timeout_s)
+        if stopper.is_alive():
+            log.warning("Ray Serve did not shut down within %g s; leaving the cluster anyway", timeout_s)
+        ray.shutdown()
 
     # ---- models ------------------------------------------------------------------------------
 
@@ -117,6 +123,47 @@ class RayBackend:
         if model is None:
             raise ModelError(f"Model not found: {name}", 404, "ModelNotFoundException")
         return model.get(version)
+
+    def register(self, plan: VersionPlan) -> None:
+        """Add a model version (a new model keeps it as its default) and deploy."""
+        name, version = plan.spec.model_name, plan.spec.version
+        if name == FRONTEND_APP:
+            raise ModelError(f"model name {name!r} is reserved by the Ray backend", 400, "BadRequestException")
+        model = self.models.get(name)
+        if model is not None and version in model.versions:
+            message = f"Model version {version} is already registered for model {name}"
+            raise ModelError(message, 409, "ConflictStatusException")
+        if model is None:
+            self.models[name] = ModelPlan(name, {version: plan}, version)
+        else:
+            self.models[name] = ModelPlan(name, {**model.versions, version: plan}, model.default_version)
+        self.deploy()
+
+    def unregister(self, name: str, version: str | None, timeout_s: float = 60.0) -> None:
+        """Remove a model version (all of the model when it is the last) and wait until its replicas are gone."""
+        from ray import serve
+
+        model = self.models.get(name)
+        plan = self.get(name, version)
+        assert model is not None
+        removed = plan.spec.version
+        if version is not None and removed == model.default_version and len(model.versions) > 1:
+            message = f"Cannot remove default version {version} for model {name}"
+            raise ModelError(message, 403, "InvalidModelVersionException")
+        rest = {v: p for v, p in model.versions.items() if v != removed}
+        if rest:
+            default = model.default_version if model.default_version in rest else sorted(rest)[0]
+            self.models[name] = ModelPlan(name, rest, default)
+        else:
+            del self.models[name]
+        self.deploy()
+        deployment = deployment_name(name, removed)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            app = serve.status().applications.get(name)
+            if app is None or deployment not in app.deployments:
+                return
+            time.sleep(POLL_S)
 
     def scale(self, name: str, version: str | None, min_workers: int, max_workers: int) -> VersionPlan:
         """Set a version's replica count (an autoscaling range when max > min) and apply it."""
@@ -135,6 +182,8 @@ class RayBackend:
         while time.monotonic() < deadline:
             app = serve.status().applications.get(name)
             found = app.deployments.get(deployment) if app is not None else None
+            if found is None and count == 0:
+                return True
             if found is not None:
                 states = {state_name(k): v for k, v in found.replica_states.items()}
                 others = sum(v for k, v in states.items() if k != "RUNNING")

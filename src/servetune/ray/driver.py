@@ -16,7 +16,7 @@ from pathlib import Path
 
 import uvicorn
 
-from servetune._exceptions import ConfigError
+from servetune._exceptions import ConfigError, ModelError
 from servetune.config.server import ServerConfig
 from servetune.ray.controller import RayBackend
 from servetune.ray.management import create_management_app
@@ -81,7 +81,12 @@ class RayServer:
         self._stop.set()
 
     def plan(self) -> list[ModelPlan]:
-        return plan_models(self.config, self.models)
+        """The start-up models; one that cannot be read is reported as the native server does, and skipped."""
+
+        def report(model: str, exc: ModelError | ConfigError) -> None:
+            _say(f"ERROR: failed to load model {model}: {exc}")
+
+        return plan_models(self.config, self.models, on_error=report)
 
     async def serve(self, backend: RayBackend, plans: list[ModelPlan], inference_url: str) -> int:
         loop = asyncio.get_running_loop()
@@ -98,7 +103,7 @@ class RayServer:
             sock = _bind(self.config.management_address)
             _say(f"Management API bound to {self.config.management_address.url(sock.getsockname()[1])}")
             uv_config = uvicorn.Config(
-                create_management_app(backend, self.tokens),
+                create_management_app(backend, self.config, self.tokens),
                 log_level="warning",
                 access_log=False,
                 lifespan="off",

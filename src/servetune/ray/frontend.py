@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
 from servetune.ray.controller import state_name
+from servetune.ray.plan import no_worker_message
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, NOT_FOUND_MESSAGE, error_response, json_response
 
 HEALTH_CACHE_S = 1.0
@@ -39,14 +39,18 @@ def cluster_healthy(models: list[str]) -> bool:
 
 
 class Frontend:
-    def __init__(self, models: list[str]) -> None:
+    def __init__(self, models: list[str], idle_models: list[str] | None = None) -> None:
         self.models = list(models)
+        self.idle = set(idle_models or ())
         self._health: tuple[float, bool] = (0.0, False)
 
     async def healthy(self) -> bool:
         checked, healthy = self._health
         if time.monotonic() - checked > HEALTH_CACHE_S:
-            healthy = await asyncio.to_thread(cluster_healthy, self.models)
+            try:
+                healthy = await asyncio.to_thread(cluster_healthy, self.models)
+            except Exception:  # noqa: BLE001 - the controller unreachable or restarting: not healthy
+                healthy = False
             self._health = (time.monotonic(), healthy)
         return healthy
 
@@ -59,13 +63,13 @@ class Frontend:
             if await self.healthy():
                 return json_response({"status": "Healthy"})
             return json_response({"status": "Unhealthy"}, 500)
+        if parts[0] == "predictions" and len(parts) in (2, 3) and parts[1] in self.idle:
+            message = no_worker_message(parts[1])
+            return error_response(503, "ServiceUnavailableException", message, {"Retry-After": "1"})
         if parts[0] == "predictions" and len(parts) in (2, 3):
             # the model's own application would have taken it: the model is not served
             return error_response(404, "ModelNotFoundException", f"Model not found: {parts[1]}")
         return error_response(404, "ResourceNotFoundException", NOT_FOUND_MESSAGE)
-
-    def describe(self) -> dict[str, Any]:
-        return {"models": self.models}
 
 
 __all__ = ["Frontend", "cluster_healthy"]

@@ -1,9 +1,10 @@
-"""TorchServe's management API for the Ray backend, served by the driver: list, describe, scale.
+"""TorchServe's management API for the Ray backend, served by the driver: list, describe, scale, register,
+unregister.
 
 ``PUT /models/{name}[/{version}]?min_worker=N[&max_worker=M][&synchronous=true]`` sets the deployment's
-``num_replicas`` (an autoscaling range when M > N); ``GET /models/{name}`` describes the version with its live
-replica processes as ``workers``. Registering and unregistering answer 405: the Ray backend serves the start-up
-models (change the model store and restart, or deploy a new Serve config).
+``num_replicas`` (an autoscaling range when M > N; 0 removes the deployment and requests get 503);
+``GET /models/{name}`` describes the version with its live replica processes as ``workers``. ``POST /models`` and
+``DELETE /models/{name}[/{version}]`` (only with ``enable_model_api``) add or remove an application or deployment.
 """
 
 from __future__ import annotations
@@ -17,21 +18,55 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from servetune._exceptions import ModelError
+from servetune._exceptions import ConfigError, ModelError
+from servetune.config.server import ServerConfig
 from servetune.ray.controller import RayBackend
-from servetune.ray.plan import VersionPlan
+from servetune.ray.plan import VersionPlan, plan_version
+from servetune.server import sources
 from servetune.server.auth import TokenStore, auth_failed
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, error_response, exception_handlers, json_response
+from servetune.server.management import _bool, _int, _params
 
 SCALE_TIMEOUT_S = 120.0
 
 
-def _int(params: dict[str, str], key: str) -> int | None:
-    """TorchServe ignores a non-integer numeric parameter and uses the default."""
+async def _register(backend: RayBackend, config: ServerConfig, params: dict[str, str]) -> tuple[int, str]:
+    if "url" not in params:
+        raise ModelError("Parameter url is required.", 400)
+    path = await sources.resolve(params["url"], config.model_store, config.allowed_urls)
     try:
-        return int(params[key]) if key in params else None
-    except ValueError:
-        return None
+        plan = await asyncio.to_thread(
+            plan_version, config, path, params.get("model_name") or None, loaded_at_startup=False
+        )
+    except ConfigError as exc:
+        raise ModelError(str(exc), 400, "BadRequestException") from None
+    for key, minimum in (("batch_size", 1), ("max_batch_delay", 0), ("initial_workers", 0), ("response_timeout", 1)):
+        value = _int(params, key)
+        if value is not None and not minimum <= value <= 1_000_000:
+            raise ModelError(f"{key} must be between {minimum} and 1000000, got {value}", 400)
+    plan = plan.with_api_params(
+        batch_size=_int(params, "batch_size"),
+        max_batch_delay=_int(params, "max_batch_delay"),
+        workers=_int(params, "initial_workers"),
+        response_timeout=_int(params, "response_timeout"),
+        handler=params.get("handler") or None,
+    )
+    name, version, workers = plan.spec.model_name, plan.spec.version, plan.min_workers
+    await asyncio.to_thread(backend.register, plan)
+    if workers == 0:
+        return 200, (
+            f'Model "{name}" Version: {version} registered with 0 initial workers. '
+            "Use scale workers API to add workers for the model."
+        )
+    if not _bool(params, "synchronous", True):
+        return 202, "Processing worker updates..."
+    timeout = float(config.default_startup_timeout) + 60.0
+    failure = (await asyncio.to_thread(backend.wait_deployed, timeout, [name])).get(name)
+    if failure is not None:
+        await asyncio.to_thread(backend.unregister, name, version)
+        message = f"Failed to start workers for model {name} version {version}: {failure}"
+        raise ModelError(message, 500, "InternalServerException")
+    return 200, f'Model "{name}" Version: {version} registered with {workers} initial workers'
 
 
 def describe(backend: RayBackend, plan: VersionPlan) -> dict[str, Any]:
@@ -43,7 +78,7 @@ def describe(backend: RayBackend, plan: VersionPlan) -> dict[str, Any]:
     return {
         "modelName": name,
         "modelVersion": version,
-        "modelUrl": spec.url,
+        "modelUrl": plan.model_url,
         "runtime": plan.manifest.get("runtime", "python"),
         "minWorkers": plan.min_workers,
         "maxWorkers": plan.max_workers,
@@ -68,7 +103,7 @@ def describe(backend: RayBackend, plan: VersionPlan) -> dict[str, Any]:
     }
 
 
-def create_management_app(backend: RayBackend, tokens: TokenStore | None) -> Starlette:
+def create_management_app(backend: RayBackend, config: ServerConfig, tokens: TokenStore | None) -> Starlette:
     def authorized(request: Request) -> bool:
         return tokens is None or tokens.check("management", request.headers.get("authorization"))
 
@@ -79,7 +114,10 @@ def create_management_app(backend: RayBackend, tokens: TokenStore | None) -> Sta
         if not authorized(request):
             return auth_failed()
         if request.method != "GET":
-            return not_allowed()
+            if not config.enable_model_api:
+                return not_allowed()
+            status, message = await _register(backend, config, await _params(request))
+            return json_response({"status": message}, status)
         params = dict(request.query_params)
         limit = _int(params, "limit") or 100
         limit = 100 if limit <= 0 or limit > 100 else limit
@@ -89,7 +127,7 @@ def create_management_app(backend: RayBackend, tokens: TokenStore | None) -> Sta
         if start + limit < len(names):
             payload["nextPageToken"] = str(start + limit)
         payload["models"] = [
-            {"modelName": n, "modelUrl": backend.get(n).spec.url} for n in names[start : start + limit]
+            {"modelName": n, "modelUrl": backend.get(n).model_url} for n in names[start : start + limit]
         ]
         return json_response(payload)
 
@@ -106,8 +144,11 @@ def create_management_app(backend: RayBackend, tokens: TokenStore | None) -> Sta
                 plans = [backend.get(name, version)]
             described = await asyncio.to_thread(lambda: [describe(backend, p) for p in plans])
             return json_response(described)
-        if request.method != "PUT":
-            return not_allowed()
+        if request.method == "DELETE":
+            if not config.enable_model_api:
+                return not_allowed()
+            await asyncio.to_thread(backend.unregister, name, version)
+            return json_response({"status": f'Model "{name}" unregistered'})
         params = dict(request.query_params)
         version = version or params.get("model_version")
         plan = backend.get(name, version)

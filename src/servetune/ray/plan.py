@@ -11,6 +11,7 @@ import asyncio
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,39 @@ class VersionPlan:
     max_batch_delay_ms: int
     job_queue_size: int
     num_cpus: float = 1.0
+    model_url: str = ""  # as registered (``resnet18.mar``): what the management API reports as modelUrl
 
     @property
     def autoscaling(self) -> bool:
         return self.max_workers > self.min_workers
+
+    @property
+    def serving(self) -> bool:
+        """False when scaled to 0 workers: no deployment, requests answered 503."""
+        return self.max_workers > 0
+
+    def with_api_params(
+        self,
+        *,
+        batch_size: int | None = None,
+        max_batch_delay: int | None = None,
+        workers: int | None = None,
+        response_timeout: int | None = None,
+        handler: str | None = None,
+    ) -> VersionPlan:
+        """The register API's parameters on top of the archive's settings (None leaves a value)."""
+        plan = self
+        if handler:
+            plan = replace(plan, spec=replace(plan.spec, handler=handler))
+        if batch_size is not None:
+            plan = replace(plan, spec=replace(plan.spec, batch_size=batch_size))
+        if response_timeout is not None:
+            plan = replace(plan, spec=replace(plan.spec, response_timeout_s=float(response_timeout)))
+        if max_batch_delay is not None:
+            plan = replace(plan, max_batch_delay_ms=max_batch_delay)
+        if workers is not None:
+            plan = plan.scaled(workers, workers)
+        return plan
 
     def scaled(self, min_workers: int, max_workers: int) -> VersionPlan:
         return replace(self, min_workers=min_workers, max_workers=max(min_workers, max_workers))
@@ -77,6 +107,10 @@ class ModelPlan:
     name: str
     versions: dict[str, VersionPlan]
     default_version: str
+
+    @property
+    def serving(self) -> bool:
+        return self.versions[self.default_version].serving
 
     def get(self, version: str | None) -> VersionPlan:
         if version is None:
@@ -93,13 +127,19 @@ def deployment_name(model: str, version: str) -> str:
     return f"{model}_v{re.sub(r'[^A-Za-z0-9_-]', '_', version)}"
 
 
+def no_worker_message(model: str) -> str:
+    return f'Model "{model}" has no worker to serve inference request. Please use scale workers API to add workers.'
+
+
 def default_workers(config: ServerConfig) -> int:
     """Replicas for a start-up model that names no workers: ``default_workers_per_model``, else 1 (the driver's
     CPU count says nothing about the cluster's)."""
     return config.default_workers_per_model or 1
 
 
-def plan_version(config: ServerConfig, archive_path: Path, name: str | None, *, loaded_at_startup: bool) -> VersionPlan:
+def plan_version(
+    config: ServerConfig, archive_path: Path, name: str | None, *, loaded_at_startup: bool, url: str | None = None
+) -> VersionPlan:
     """Read one archive (extracted to a temporary directory and removed) and plan its version."""
     from servetune.archive import open_archive
 
@@ -124,8 +164,8 @@ def plan_version(config: ServerConfig, archive_path: Path, name: str | None, *, 
     ):
         min_workers = model_config.min_workers
         max_workers = model_config.max_workers or min_workers
-    else:
-        min_workers = max_workers = default_workers(config)
+    else:  # start-up models get a default; the register API's default is the configured value (0 if unset)
+        min_workers = max_workers = default_workers(config) if loaded_at_startup else config.default_workers_per_model
     threads = model_config.num_threads or config.threads_per_worker or 1
     spec = ReplicaSpec(
         model_name=name,
@@ -150,19 +190,31 @@ def plan_version(config: ServerConfig, archive_path: Path, name: str | None, *, 
         max_batch_delay_ms=model_config.max_batch_delay_ms,
         job_queue_size=model_config.job_queue_size or config.job_queue_size,
         num_cpus=float(threads),
+        model_url=url or str(archive_path),
     )
 
 
-def plan_models(config: ServerConfig, models: tuple[str, ...] = ()) -> list[ModelPlan]:
-    """Plan the start-up models (``--models`` or ``load_models``; ``all`` = every archive in the model store)."""
+def plan_models(
+    config: ServerConfig,
+    models: tuple[str, ...] = (),
+    on_error: Callable[[str, ModelError | ConfigError], None] | None = None,
+) -> list[ModelPlan]:
+    """Plan the start-up models (``--models`` or ``load_models``; ``all`` = every archive in the model store).
+    A model that cannot be planned raises, or with ``on_error`` is reported (name or url, error) and left out."""
     from servetune.server import sources
     from servetune.server.app import startup_models
 
     by_name: dict[str, dict[str, VersionPlan]] = {}
     defaults: dict[str, str] = {}
     for name, url in startup_models(config, models):
-        path = asyncio.run(sources.resolve(url, config.model_store, config.allowed_urls))
-        plan = plan_version(config, path, name, loaded_at_startup=True)
+        try:
+            path = asyncio.run(sources.resolve(url, config.model_store, config.allowed_urls))
+            plan = plan_version(config, path, name, loaded_at_startup=True, url=url)
+        except (ModelError, ConfigError) as exc:
+            if on_error is None:
+                raise
+            on_error(name or url, exc)
+            continue
         model, version = plan.spec.model_name, plan.spec.version
         if model == FRONTEND_APP:
             raise ConfigError(f"model name {model!r} is reserved by the Ray backend for its frontend application")
@@ -186,6 +238,7 @@ __all__ = [
     "VersionPlan",
     "default_workers",
     "deployment_name",
+    "no_worker_message",
     "plan_models",
     "plan_version",
 ]

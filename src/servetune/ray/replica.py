@@ -28,7 +28,7 @@ from starlette.responses import Response
 from servetune._exceptions import ModelError
 from servetune.handlers.codec import error_body
 from servetune.handlers.service import InputParam, Request, Service, load_service
-from servetune.ray.plan import ReplicaSpec
+from servetune.ray.plan import ReplicaSpec, no_worker_message
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, NO_CACHE_HEADERS, NOT_FOUND_MESSAGE, error_response
 from servetune.server.inference import _BodyTooLarge, _parse_inputs, _read_body
 
@@ -61,17 +61,19 @@ def load(spec: ReplicaSpec, workdir: Path) -> Service:
 
 
 class ModelReplica:
-    """Deployment class of a model version. ``others`` are handles to the model's other versions' deployments."""
+    """Deployment class of a model version. ``others`` are handles to the model's other versions' deployments;
+    ``idle`` names its versions scaled to 0 workers."""
 
-    def __init__(self, spec: dict[str, Any], others: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, spec: dict[str, Any], others: dict[str, Any] | None = None, idle: list[str] | None = None
+    ) -> None:
         self.spec = ReplicaSpec.from_dict(spec)
         self.others = others or {}
+        self.idle = set(idle or ())
         self.stuck: str | None = None
         workdir = Path(tempfile.mkdtemp(prefix="servetune-replica-"))
         atexit.register(shutil.rmtree, workdir, True)
-        started = time.perf_counter()
         self.service = load(self.spec, workdir)
-        self.load_ms = (time.perf_counter() - started) * 1000.0
         self.batched.set_max_batch_size(self.spec.batch_size)  # type: ignore[attr-defined]
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
@@ -133,6 +135,9 @@ class ModelReplica:
         target = None
         if version is not None and version != self.spec.version:
             target = self.others.get(version)
+            if version in self.idle:
+                message = no_worker_message(self.spec.model_name)
+                return error_response(503, "ServiceUnavailableException", message, {"Retry-After": "1"})
             if target is None:
                 message = f"Model version: {version} does not exist for model: {self.spec.model_name}"
                 return error_response(404, "ModelVersionNotFoundException", message)

@@ -54,6 +54,8 @@ def deployment_options(plan: VersionPlan) -> dict[str, Any]:
 
 
 def model_application(model: ModelPlan) -> dict[str, Any]:
+    """The model's application; versions scaled to 0 workers have no deployment and answer 503 (as TorchServe)."""
+    serving = {v: plan for v, plan in sorted(model.versions.items()) if plan.serving}
     return {
         "name": model.name,
         "route_prefix": f"/predictions/{model.name}",
@@ -61,18 +63,23 @@ def model_application(model: ModelPlan) -> dict[str, Any]:
         "args": {
             "model": model.name,
             "default_version": model.default_version,
-            "versions": {v: plan.spec.to_dict() for v, plan in sorted(model.versions.items())},
+            "versions": {v: plan.spec.to_dict() for v, plan in serving.items()},
+            "idle_versions": sorted(v for v in model.versions if v not in serving),
         },
-        "deployments": [deployment_options(plan) for _, plan in sorted(model.versions.items())],
+        "deployments": [deployment_options(plan) for plan in serving.values()],
     }
 
 
 def frontend_application(models: list[ModelPlan]) -> dict[str, Any]:
+    """``/ping`` over the served models; models whose default version has 0 workers are answered 503 here."""
     return {
         "name": FRONTEND_APP,
         "route_prefix": "/",
         "import_path": FRONTEND_APP_IMPORT,
-        "args": {"models": sorted(m.name for m in models)},
+        "args": {
+            "models": sorted(m.name for m in models if m.serving),
+            "idle_models": sorted(m.name for m in models if not m.serving),
+        },
         "deployments": [{"name": FRONTEND_DEPLOYMENT, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}],
     }
 
@@ -84,7 +91,7 @@ def serve_config(
     return {
         "proxy_location": proxy_location,
         "http_options": {"host": host, "port": port},
-        "applications": [frontend_application(models), *(model_application(m) for m in models)],
+        "applications": [frontend_application(models), *(model_application(m) for m in models if m.serving)],
     }
 
 

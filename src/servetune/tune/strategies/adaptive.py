@@ -4,7 +4,7 @@
    then the workers at the best batch size while it rises ("more workers stop when throughput stops rising").
 2. Measure every other family (optimization x device) at the best knobs so far.
 3. Climb: measure the unmeasured neighbours of the best config (one step on each knob, the two anti-diagonals,
-   the other families); move to the best; stop when no neighbour beats it.
+   the other families); move to the best; stop when no neighbour beats it by more than noise (``RISE``).
 4. Re-measure the top candidates.
 
 Pruned without measuring: a larger batch at the same family, workers and delay as a config whose median request
@@ -83,8 +83,8 @@ class AdaptiveSearch(Strategy):
                 return
             for config in wave:
                 yield from self._measure(config, f"neighbour of {best.key}")
-            if self._best() == best:
-                return
+            if not better(self._verdict(self._best()), self._verdict(best)):
+                return  # nothing beats it by more than noise: a local optimum
 
     # ---- what is known ---------------------------------------------------------------------------------
 

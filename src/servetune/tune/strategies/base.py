@@ -10,6 +10,7 @@ from servetune.tune.study import Config, Study
 from servetune.tune.trial import Summary, Trial, summarise_all
 
 Plan = Generator["Proposal", None, None]
+REMEASURE_BAND = 0.9
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,12 @@ class Strategy:
 
     def remeasure(self) -> Plan:
         """Measure the best few configs that met the SLA once more, so that one lucky run does not win."""
-        top = {s.config: s for s in self.summaries() if s.verdict.passed}
+        passed = [s for s in self.summaries() if s.verdict.passed]
+        if not passed:
+            return
+        # Only configs a second run could lift above the best: within REMEASURE_BAND of its objective.
+        floor = REMEASURE_BAND * passed[0].verdict.objective
+        top = {s.config: s for s in passed if s.verdict.objective >= floor}
         chosen = list(top)[: self.study.strategy.remeasure]
         for config in cheap_order(chosen):
             yield Proposal(config, len(top[config].trials), "re-measure a top candidate")
