@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import statistics
 import sys
 import tempfile
@@ -58,7 +59,7 @@ def served(
         "disable_token_authorization": "true",
         "threads_per_worker": str(threads),
         "default_workers_per_model": "1",
-        "models": '{"resnet18": {"1.0": {"batchSize": %d, "maxBatchDelay": 50}}}' % batch,
+        "models": json.dumps({"resnet18": {"1.0": {"batchSize": batch, "maxBatchDelay": 50}}}),
     }
     with EmbeddedServer(store, {"resnet18": "resnet18.mar"}, properties) as server:
         spec = BenchSpec(

@@ -33,9 +33,9 @@ def sample_image(path: Path, seed: int = 0, size: tuple[int, int] = (320, 240)) 
 
 
 def build(out: Path, *, force: bool = True) -> Path:
-    from servetune.archive import create_archive
-
     import sys
+
+    from servetune.archive import create_archive
 
     sys.path.insert(0, str(HERE))
     from model import ResNet18

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from servetune._exceptions import OptimizeError
+from servetune._exceptions import OptimizeError as OptimizeError
 
 if TYPE_CHECKING:
     from servetune.optimize.parity import ParityReport
