@@ -12,7 +12,7 @@ from rich.console import Console
 from torch import nn
 
 from servetune.optimize import VARIANTS, Stage, Variant
-from servetune.optimize.measure import measure_variants, median_latency_ms, peak_memory
+from servetune.optimize.measure import measure_variants, median_latency_ms
 from servetune.optimize.report import results_json, variant_table
 
 CPU = torch.device("cpu")
