@@ -22,7 +22,7 @@ from servetune.ray.controller import RayBackend
 from servetune.ray.management import create_management_app
 from servetune.ray.plan import ModelPlan, plan_models
 from servetune.ray.serve_config import write_serve_config
-from servetune.server.app import _bind, _EmbeddedUvicorn
+from servetune.server.app import EmbeddedUvicorn, bind_socket
 from servetune.server.auth import TokenStore
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -93,14 +93,14 @@ class RayServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
-        http: _EmbeddedUvicorn | None = None
+        http: EmbeddedUvicorn | None = None
         task: asyncio.Task[None] | None = None
         try:
             await asyncio.to_thread(backend.deploy)
             _say(f"Inference API bound to {inference_url}")
             if self.config.token_auth:
                 self.tokens = TokenStore(self.config.key_file, self.config.token_expiration_min)
-            sock = _bind(self.config.management_address)
+            sock = bind_socket(self.config.management_address)
             _say(f"Management API bound to {self.config.management_address.url(sock.getsockname()[1])}")
             uv_config = uvicorn.Config(
                 create_management_app(backend, self.config, self.tokens),
@@ -110,7 +110,7 @@ class RayServer:
                 loop="asyncio",
                 http="h11",
             )
-            http = _EmbeddedUvicorn(uv_config)
+            http = EmbeddedUvicorn(uv_config)
             task = asyncio.create_task(http.serve(sockets=[sock]), name="http-management")
             timeout = float(self.config.default_startup_timeout) + 60.0
             outcome = await asyncio.to_thread(backend.wait_deployed, timeout)

@@ -25,7 +25,7 @@ from servetune.ray.plan import VersionPlan, plan_version
 from servetune.server import sources
 from servetune.server.auth import TokenStore, auth_failed
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, error_response, exception_handlers, json_response
-from servetune.server.management import _bool, _int, _params
+from servetune.server.management import bool_param, int_param, page_of_models, request_params, scale_params
 
 SCALE_TIMEOUT_S = 120.0
 
@@ -41,14 +41,14 @@ async def _register(backend: RayBackend, config: ServerConfig, params: dict[str,
     except ConfigError as exc:
         raise ModelError(str(exc), 400, "BadRequestException") from None
     for key, minimum in (("batch_size", 1), ("max_batch_delay", 0), ("initial_workers", 0), ("response_timeout", 1)):
-        value = _int(params, key)
+        value = int_param(params, key)
         if value is not None and not minimum <= value <= 1_000_000:
             raise ModelError(f"{key} must be between {minimum} and 1000000, got {value}", 400)
     plan = plan.with_api_params(
-        batch_size=_int(params, "batch_size"),
-        max_batch_delay=_int(params, "max_batch_delay"),
-        workers=_int(params, "initial_workers"),
-        response_timeout=_int(params, "response_timeout"),
+        batch_size=int_param(params, "batch_size"),
+        max_batch_delay=int_param(params, "max_batch_delay"),
+        workers=int_param(params, "initial_workers"),
+        response_timeout=int_param(params, "response_timeout"),
         handler=params.get("handler") or None,
     )
     name, version, workers = plan.spec.model_name, plan.spec.version, plan.min_workers
@@ -58,7 +58,7 @@ async def _register(backend: RayBackend, config: ServerConfig, params: dict[str,
             f'Model "{name}" Version: {version} registered with 0 initial workers. '
             "Use scale workers API to add workers for the model."
         )
-    if not _bool(params, "synchronous", True):
+    if not bool_param(params, "synchronous", True):
         return 202, "Processing worker updates..."
     timeout = float(config.default_startup_timeout) + 60.0
     failure = (await asyncio.to_thread(backend.wait_deployed, timeout, [name])).get(name)
@@ -116,20 +116,10 @@ def create_management_app(backend: RayBackend, config: ServerConfig, tokens: Tok
         if request.method != "GET":
             if not config.enable_model_api:
                 return not_allowed()
-            status, message = await _register(backend, config, await _params(request))
+            status, message = await _register(backend, config, await request_params(request))
             return json_response({"status": message}, status)
         params = dict(request.query_params)
-        limit = _int(params, "limit") or 100
-        limit = 100 if limit <= 0 or limit > 100 else limit
-        start = _int(params, "next_page_token") or 0
-        names = sorted(backend.models)
-        payload: dict[str, Any] = {}
-        if start + limit < len(names):
-            payload["nextPageToken"] = str(start + limit)
-        payload["models"] = [
-            {"modelName": n, "modelUrl": backend.get(n).model_url} for n in names[start : start + limit]
-        ]
-        return json_response(payload)
+        return json_response(page_of_models(params, sorted(backend.models), lambda n: backend.get(n).model_url))
 
     async def model(request: Request) -> Response:
         if not authorized(request):
@@ -152,18 +142,11 @@ def create_management_app(backend: RayBackend, config: ServerConfig, tokens: Tok
         params = dict(request.query_params)
         version = version or params.get("model_version")
         plan = backend.get(name, version)
-        min_worker = _int(params, "min_worker")
-        min_worker = 1 if min_worker is None else min_worker
-        max_worker = _int(params, "max_worker")
-        max_worker = min_worker if max_worker is None else max_worker
-        if min_worker < 0:
-            raise ModelError("min_worker cannot be negative.", 400)
-        if max_worker < min_worker:
-            raise ModelError("max_worker cannot be less than min_worker.", 400)
+        min_worker, max_worker = scale_params(params, config)
         await asyncio.to_thread(backend.scale, name, plan.spec.version, min_worker, max_worker)
         if (params.get("synchronous") or "false").strip().lower() != "true":
             return json_response({"status": "Processing worker updates..."}, 202)
-        timeout = float(_int(params, "timeout") or SCALE_TIMEOUT_S)
+        timeout = float(int_param(params, "timeout") or SCALE_TIMEOUT_S)
         done = await asyncio.to_thread(backend.wait_replicas, name, plan.spec.version, min_worker, timeout)
         if not done:
             return json_response({"status": "Workers scaling in progress..."}, 206)

@@ -30,7 +30,7 @@ from servetune.handlers.codec import error_body
 from servetune.handlers.service import InputParam, Request, Service, load_service
 from servetune.ray.plan import ReplicaSpec, no_worker_message
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, NO_CACHE_HEADERS, NOT_FOUND_MESSAGE, error_response
-from servetune.server.inference import _BodyTooLarge, _parse_inputs, _read_body
+from servetune.server.inference import BodyTooLarge, parse_inputs, read_body
 
 # (request id, headers, inputs as (name, content type, bytes)) -> one result dict per request
 Item = tuple[str, dict[str, str], list[tuple[str, str | None, bytes]]]
@@ -142,12 +142,12 @@ class ModelReplica:
                 message = f"Model version: {version} does not exist for model: {self.spec.model_name}"
                 return error_response(404, "ModelVersionNotFoundException", message)
         try:
-            body = await _read_body(request, self.spec.max_request_size)
-        except _BodyTooLarge:
+            body = await read_body(request, self.spec.max_request_size)
+        except BodyTooLarge:
             message = f"Request body is larger than max_request_size ({self.spec.max_request_size} bytes)"
             return error_response(413, "RequestEntityTooLargeException", message)
         try:
-            inputs = await _parse_inputs(request, body)
+            inputs = await parse_inputs(request, body)
         except ModelError as exc:
             return error_response(exc.status, exc.type, exc.message)
         request_id = request.headers.get("x-request-id") or str(uuid.uuid4())

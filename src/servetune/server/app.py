@@ -28,7 +28,7 @@ from servetune.server.registry import ModelRegistry, RegisterParams
 log = logging.getLogger("servetune.server")
 
 
-class _EmbeddedUvicorn(uvicorn.Server):
+class EmbeddedUvicorn(uvicorn.Server):
     """A uvicorn server that leaves signals to us: three of them share one loop."""
 
     @contextlib.contextmanager
@@ -36,7 +36,7 @@ class _EmbeddedUvicorn(uvicorn.Server):
         yield
 
 
-def _bind(address: Address) -> socket.socket:
+def bind_socket(address: Address) -> socket.socket:
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only when it sees the TCP protocol
     # number, and without NODELAY every keep-alive response waits ~40 ms for a delayed ACK (Nagle).
@@ -78,7 +78,7 @@ class Server:
         self.registry = ModelRegistry(config)
         self.tokens: TokenStore | None = None
         self.urls: dict[str, str] = {}
-        self._servers: list[_EmbeddedUvicorn] = []
+        self._servers: list[EmbeddedUvicorn] = []
         self._stop = asyncio.Event()
 
     def run(self) -> int:
@@ -111,7 +111,7 @@ class Server:
             apps.append(("metrics", config.metrics_address, create_metrics_app(self.registry.metrics)))
         tasks = []
         for name, address, app in apps:
-            sock = _bind(address)
+            sock = bind_socket(address)
             self.urls[name] = address.url(sock.getsockname()[1])
             uv_config = uvicorn.Config(
                 app,
@@ -124,7 +124,7 @@ class Server:
                 timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
                 limit_concurrency=None,
             )
-            server = _EmbeddedUvicorn(uv_config)
+            server = EmbeddedUvicorn(uv_config)
             self._servers.append(server)
             tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=f"http-{name}"))
         await asyncio.sleep(0)

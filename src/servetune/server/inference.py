@@ -24,25 +24,25 @@ from servetune.server.registry import ModelRegistry
 RETRY_AFTER_S = "1"
 
 
-class _BodyTooLarge(Exception):
+class BodyTooLarge(Exception):
     pass
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge
+        raise BodyTooLarge
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _BodyTooLarge
+            raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def _parse_inputs(request: Request, body: bytes) -> list[tuple[str, str | None, bytes]]:
+async def parse_inputs(request: Request, body: bytes) -> list[tuple[str, str | None, bytes]]:
     """TorchServe's rule: form fields become one parameter each; any other body is the parameter ``body``."""
     ctype = request.headers.get("content-type")
     base = (ctype or "").split(";")[0].strip().lower()
@@ -102,8 +102,8 @@ def create_inference_app(registry: ModelRegistry, tokens: TokenStore | None) -> 
         except ModelError as exc:
             return error_response(exc.status, exc.type, exc.message)
         try:
-            body = await _read_body(request, config.max_request_size)
-        except _BodyTooLarge:
+            body = await read_body(request, config.max_request_size)
+        except BodyTooLarge:
             registry.metrics.observe_status(413)
             return error_response(
                 413,
@@ -111,7 +111,7 @@ def create_inference_app(registry: ModelRegistry, tokens: TokenStore | None) -> 
                 f"Request body is larger than max_request_size ({config.max_request_size} bytes)",
             )
         try:
-            inputs = await _parse_inputs(request, body)
+            inputs = await parse_inputs(request, body)
         except ModelError as exc:
             registry.metrics.observe_status(exc.status)
             return error_response(exc.status, exc.type, exc.message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -13,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from servetune._exceptions import ModelError
+from servetune.config.server import ServerConfig
 from servetune.server.auth import TokenStore, auth_failed
 from servetune.server.batcher import Job, QueueFull
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, error_response, exception_handlers, json_response
@@ -21,7 +23,7 @@ from servetune.server.openapi import management_spec
 from servetune.server.registry import ModelRegistry, RegisterParams
 
 
-async def _params(request: Request) -> dict[str, str]:
+async def request_params(request: Request) -> dict[str, str]:
     """Query parameters, or the same names in a JSON body (TorchServe accepts both)."""
     params = dict(request.query_params)
     if (request.headers.get("content-type") or "").startswith("application/json"):
@@ -37,7 +39,7 @@ async def _params(request: Request) -> dict[str, str]:
     return params
 
 
-def _int(params: dict[str, str], key: str) -> int | None:
+def int_param(params: dict[str, str], key: str) -> int | None:
     """TorchServe ignores a non-integer numeric parameter and uses the default."""
     try:
         return int(params[key]) if key in params else None
@@ -45,9 +47,36 @@ def _int(params: dict[str, str], key: str) -> int | None:
         return None
 
 
-def _bool(params: dict[str, str], key: str, default: bool) -> bool:
+def bool_param(params: dict[str, str], key: str, default: bool) -> bool:
     value = params.get(key)
     return default if value is None else value.strip().lower() == "true"
+
+
+def page_of_models(params: dict[str, str], names: list[str], url_of: Callable[[str], str]) -> dict[str, Any]:
+    """``GET /models`` paging, TorchServe's: ``limit`` (default and max 100), ``next_page_token`` (an offset)."""
+    limit = int_param(params, "limit") or 100
+    limit = 100 if limit <= 0 or limit > 100 else limit
+    start = max(0, int_param(params, "next_page_token") or 0)
+    payload: dict[str, Any] = {}
+    if start + limit < len(names):
+        payload["nextPageToken"] = str(start + limit)
+    payload["models"] = [{"modelName": n, "modelUrl": url_of(n)} for n in names[start : start + limit]]
+    return payload
+
+
+def scale_params(params: dict[str, str], config: ServerConfig) -> tuple[int, int]:
+    """``min_worker`` (default 1) and ``max_worker`` (default min) of a scale request, validated."""
+    min_worker = int_param(params, "min_worker")
+    min_worker = 1 if min_worker is None else min_worker
+    max_worker = int_param(params, "max_worker")
+    max_worker = min_worker if max_worker is None else max_worker
+    if min_worker < 0:
+        raise ModelError("min_worker cannot be negative.", 400)
+    if max(min_worker, max_worker) > config.max_workers_per_model:
+        raise ModelError(f"Workers are limited to max_workers_per_model={config.max_workers_per_model} per model.", 400)
+    if max_worker < min_worker:
+        raise ModelError("max_worker cannot be less than min_worker.", 400)
+    return min_worker, max_worker
 
 
 def describe(model: ServedModel, registry: ModelRegistry) -> dict[str, Any]:
@@ -122,19 +151,19 @@ def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) ->
             return list_models(request)
         if not config.enable_model_api:
             return model_api_disabled()
-        params = await _params(request)
+        params = await request_params(request)
         if "url" not in params:
             raise ModelError("Parameter url is required.", 400)
         register = RegisterParams(
             url=params["url"],
             model_name=params.get("model_name") or None,
             handler=params.get("handler") or None,
-            batch_size=_int(params, "batch_size"),
-            max_batch_delay=_int(params, "max_batch_delay"),
-            initial_workers=_int(params, "initial_workers"),
-            response_timeout=_int(params, "response_timeout"),
-            startup_timeout=_int(params, "startup_timeout"),
-            synchronous=_bool(params, "synchronous", True),
+            batch_size=int_param(params, "batch_size"),
+            max_batch_delay=int_param(params, "max_batch_delay"),
+            initial_workers=int_param(params, "initial_workers"),
+            response_timeout=int_param(params, "response_timeout"),
+            startup_timeout=int_param(params, "startup_timeout"),
+            synchronous=bool_param(params, "synchronous", True),
         )
         for key, minimum in (
             ("batch_size", 1),
@@ -154,16 +183,8 @@ def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) ->
         return json_response({"status": message}, status)
 
     def list_models(request: Request) -> Response:
-        limit = _int(dict(request.query_params), "limit") or 100
-        limit = 100 if limit <= 0 or limit > 100 else limit
-        start = _int(dict(request.query_params), "next_page_token") or 0
-        names = sorted(registry.models)
-        page = names[start : start + limit]
-        payload: dict[str, Any] = {}
-        if start + limit < len(names):
-            payload["nextPageToken"] = str(start + limit)
-        payload["models"] = [{"modelName": n, "modelUrl": registry.get(n).spec.url} for n in page]
-        return json_response(payload)
+        params = dict(request.query_params)
+        return json_response(page_of_models(params, sorted(registry.models), lambda n: registry.get(n).spec.url))
 
     async def model(request: Request) -> Response:
         if not authorized(request):
@@ -188,20 +209,9 @@ def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) ->
         params = dict(request.query_params)
         version = version or params.get("model_version")
         registry.get(name, version)
-        min_worker = _int(params, "min_worker")
-        min_worker = 1 if min_worker is None else min_worker
-        max_worker = _int(params, "max_worker")
-        max_worker = min_worker if max_worker is None else max_worker
-        if min_worker < 0:
-            raise ModelError("min_worker cannot be negative.", 400)
-        if max(min_worker, max_worker) > config.max_workers_per_model:
-            raise ModelError(
-                f"Workers are limited to max_workers_per_model={config.max_workers_per_model} per model.", 400
-            )
-        if max_worker < min_worker:
-            raise ModelError("max_worker cannot be less than min_worker.", 400)
+        min_worker, max_worker = scale_params(params, config)
         status, message = await registry.scale(
-            name, version, min_worker, max_worker, _bool(params, "synchronous", False)
+            name, version, min_worker, max_worker, bool_param(params, "synchronous", False)
         )
         return json_response({"status": message}, status)
 
