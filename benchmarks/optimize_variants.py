@@ -1,6 +1,8 @@
-"""The variant table for torchvision resnet18 (random weights) on CPU, each variant's speed as a ratio to eager.
+"""The variant table for torchvision resnet18, or the Animated Drawings detector (Mask R-CNN R50-FPN), random
+weights, on CPU, each variant's speed as a ratio to eager.
 
-    python benchmarks/optimize_variants.py [--variants eager,torchscript,...] [--batch-sizes 1,8] [--repeat 20]
+    python benchmarks/optimize_variants.py [--model resnet18|detector] [--variants eager,torchscript,...]
+        [--batch-sizes 1,8] [--repeat 20]
 
 Variants are converted first, then timed round-robin (one call of each per round), so the ratios to eager hold
 on a machine whose load drifts; absolute times depend on the machine and gate nothing.
@@ -10,16 +12,29 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 import torchvision
 from rich.console import Console
 
-from servetune.optimize import default_variants
+from servetune.optimize import default_variants, sample_inputs
 from servetune.optimize.measure import measure_variants
 from servetune.optimize.report import variant_table
+
+
+def detector(size: int) -> torch.nn.Module:
+    """The example's detector as served by quick.yaml: fixed input size, score threshold 0, 10 detections."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "animated_drawings"))
+    from detector_model import DrawnHumanoidDetector
+
+    model = DrawnHumanoidDetector().eval()
+    model.transform.min_size, model.transform.max_size = (size,), size
+    model.roi_heads.score_thresh, model.roi_heads.detections_per_img = 0.0, 10
+    return model
 
 
 def main() -> None:
@@ -29,6 +44,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per batch size (median)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per batch size")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--model", choices=["resnet18", "detector"], default="resnet18", help="which model")
+    parser.add_argument("--detector-size", type=int, default=256, help="detector input size (px)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -37,11 +54,15 @@ def main() -> None:
     names = ["eager", *[n for n in names if n != "eager"]]
 
     torch.manual_seed(0)
-    model = torchvision.models.resnet18(weights=None).eval()
     device = torch.device("cpu")
+    if args.model == "detector":
+        model, label = detector(args.detector_size), f"Animated Drawings detector ({args.detector_size} px)"
+    else:
+        model, label = torchvision.models.resnet18(weights=None).eval(), "resnet18"
 
-    def make_inputs(batch: int) -> tuple[torch.Tensor]:
-        return (torch.rand(batch, 3, 224, 224, generator=torch.Generator().manual_seed(batch)),)
+    def make_inputs(batch: int) -> tuple[Any, ...]:
+        shape = (3, args.detector_size, args.detector_size) if args.model == "detector" else (3, 224, 224)
+        return sample_inputs(model, shape, batch, device)
 
     console = Console(width=200)
     with tempfile.TemporaryDirectory() as cache:
@@ -57,7 +78,7 @@ def main() -> None:
             interleave=True,
         )
     title = (
-        f"resnet18 (random weights), CPU {platform.processor() or platform.machine()}, "
+        f"{label} (random weights), CPU {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}"
     )
     console.print(variant_table(results, batch_sizes, title=title))
