@@ -46,6 +46,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--model", choices=["resnet18", "detector"], default="resnet18", help="which model")
     parser.add_argument("--detector-size", type=int, default=256, help="detector input size (px)")
+    parser.add_argument(
+        "--tolerance",
+        default="",
+        help="parity tolerance overrides, e.g. min_box_iou=0.5,min_match=0.2 (random-weight detectors have near-tied "
+        "scores, so low precision re-ranks boxes a trained model would not; say so when you quote such figures)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -76,10 +82,12 @@ def main() -> None:
             warmup=args.warmup,
             cache_dir=Path(cache),
             interleave=True,
+            tolerance={k: float(v) for k, v in (kv.split("=") for kv in args.tolerance.split(",") if kv)} or None,
         )
     title = (
         f"{label} (random weights), CPU {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+        + (f", parity tolerance overrides: {args.tolerance}" if args.tolerance else "")
     )
     console.print(variant_table(results, batch_sizes, title=title))
     eager = results[0]
