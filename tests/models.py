@@ -27,6 +27,9 @@ SLEEP_HANDLER = textwrap.dedent(
             if marker and os.path.exists(marker):
                 os._exit(4)
             time.sleep(float(cfg.get("load_s", 0.0)))
+            if cfg.get("cuda_mb"):  # hold this much GPU memory, for the describe API to report
+                import torch
+                context.held = torch.zeros(int(cfg["cuda_mb"]) * 2**18, device="cuda")
             return None
         cfg = context.model_yaml_config.get("sleep", {})
         if context.get_request_header(0, "describe") == "True":
@@ -47,7 +50,8 @@ SLEEP_HANDLER = textwrap.dedent(
         out = []
         for body in bodies:
             echo = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
-            out.append({"batch_size": len(data), "pid": os.getpid(), "echo": echo})
+            configured = context.system_properties.get("batch_size")
+            out.append({"batch_size": len(data), "configured": configured, "pid": os.getpid(), "echo": echo})
         return out
     """
 )

@@ -18,7 +18,7 @@ from models import sleep_archive
 from servetune._exceptions import ConfigError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
-from servetune.ray import plan_models, serve_config
+from servetune.ray import ModelPlan, plan_models, serve_config
 from servetune.ray.serve_config import max_ongoing_requests
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -70,10 +70,28 @@ def test_model_config_knobs_become_ray_serve_knobs(tmp_path: Path) -> None:
         "target_ongoing_requests": 8,
     }
     assert "num_replicas" not in deployment
-    assert deployment["user_config"] == {"max_batch_delay_ms": 50}
+    assert deployment["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 50}
     assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1}
     assert deployment["max_ongoing_requests"] == max_ongoing_requests(8) >= 8
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
+
+
+def test_a_batch_change_in_place_touches_only_what_ray_applies_without_a_restart(tmp_path: Path) -> None:
+    sleep_archive(tmp_path, model_config={"batchSize": 2, "maxBatchDelay": 50})
+    [model] = plan_models(_config(tmp_path), ("sleep.mar",))
+    plan = model.get(None).rebatched_to(8, 5)
+    assert (plan.batch_size, plan.max_batch_delay_ms, plan.spec.batch_size) == (8, 5, 2)
+    before, after = serve_config([model]), serve_config([ModelPlan("sleep", {"1.0": plan}, "1.0")])
+    _validate_with_ray(after)
+    # Ray keeps replicas when only num_replicas, autoscaling, user_config or max_ongoing_requests change: the
+    # application's args (hashed into the code version) must stay the same
+    assert before["applications"][1]["args"] == after["applications"][1]["args"]
+    [old], [new] = before["applications"][1]["deployments"], after["applications"][1]["deployments"]
+    changed = {key for key in {*old, *new} if old.get(key) != new.get(key)}
+    assert changed == {"user_config", "max_ongoing_requests"}
+    assert new["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 5}
+    assert new["max_ongoing_requests"] == max_ongoing_requests(8)
+    assert model.get(None).rebatched_to(None, 7).batch_size == 2  # the delay alone leaves the batch size
 
 
 def test_workers_default_and_models_json_precedence(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 One cluster and one ``servetune serve --backend ray`` driver for the module; the tests run in order: serve like
 the native server, batch, bench unchanged, scale 1 -> 2 -> 1, SIGKILL a replica and see it replaced, stop clean.
-The cluster is stopped at the end by the process ids it started (never ``ray stop``, which would stop every Ray
-cluster on the machine).
+The cluster (``ray_cluster.py``) is stopped at the end by the process ids it started (never ``ray stop``, which
+would stop every Ray cluster on the machine).
 """
 
 from __future__ import annotations
@@ -11,12 +11,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -30,114 +26,11 @@ import pytest
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'servetune[ray]')")
 
 from models import sleep_archive  # noqa: E402
+from ray_cluster import START_TIMEOUT_S, LocalRayCluster, cluster_fixture  # noqa: E402, F401
 from servetune.bench import BenchSpec, run_bench  # noqa: E402
 from servetune.ray.embedded import EmbeddedRayServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-START_TIMEOUT_S = 120.0
-# Ray turns token authentication on when ~/.ray/auth_token exists (a local ray.init() writes one): say it for every
-# process of the test cluster, the driver included, so that the machine's history does not matter.
-AUTH_MODE = "disabled"
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class LocalRayCluster:
-    """A head and extra node processes started with ``ray start``; stopped by the pids they started."""
-
-    def __init__(self, head_cpus: int = 2, node_cpus: tuple[int, ...] = (1,)) -> None:
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths are long
-        self.head_cpus = head_cpus
-        self.node_cpus = node_cpus
-        self.gcs_port = 0
-        self.address = ""
-        self.log: list[str] = []
-
-    def _ray_start(self, args: list[str]) -> None:
-        ports = _free_ports(5)
-        command = [
-            shutil.which("ray") or "ray",
-            "start",
-            "--node-ip-address=127.0.0.1",
-            "--disable-usage-stats",
-            f"--dashboard-agent-listen-port={ports[0]}",
-            f"--dashboard-agent-grpc-port={ports[1]}",
-            f"--metrics-export-port={ports[2]}",
-            f"--runtime-env-agent-port={ports[3]}",
-            *args,
-        ]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": AUTH_MODE}
-        env.pop("RAY_ADDRESS", None)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, env=env, check=False)
-        self.log.append(done.stdout + done.stderr)
-        if done.returncode != 0:
-            raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-
-    def start(self) -> LocalRayCluster:
-        self.gcs_port, client_port, dashboard_port = _free_ports(3)
-        self._ray_start(
-            [
-                "--head",
-                f"--port={self.gcs_port}",
-                f"--ray-client-server-port={client_port}",
-                f"--dashboard-port={dashboard_port}",
-                "--include-dashboard=false",
-                f"--num-cpus={self.head_cpus}",
-                "--num-gpus=0",
-                "--object-store-memory=200000000",
-                f"--temp-dir={self.temp_dir}",
-            ]
-        )
-        # the head advertises the machine's address, whatever --node-ip-address says: read it back
-        for line in self.log[-1].splitlines():
-            if "ray start --address='" in line:
-                self.address = line.split("--address='")[1].split("'")[0]
-        self.address = self.address or f"127.0.0.1:{self.gcs_port}"
-        for cpus in self.node_cpus:
-            self._ray_start(
-                [f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=0", "--object-store-memory=100000000"]
-            )
-        return self
-
-    def processes(self) -> list[psutil.Process]:
-        """Every process of this cluster: those naming its temp dir or GCS port, and their descendants."""
-        marks = (str(self.temp_dir), f":{self.gcs_port}")
-        found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            if self.gcs_port and any(m in cmdline for m in marks):
-                found[proc.pid] = proc
-                try:
-                    found.update({c.pid: c for c in proc.children(recursive=True)})
-                except psutil.NoSuchProcess:
-                    pass
-        return [p for p in found.values() if p.pid != os.getpid()]
-
-    def stop(self) -> None:
-        procs = self.processes()
-        for proc in procs:
-            try:
-                proc.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=5)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=10)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def _post(url: str, body: bytes = b"hello", timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
@@ -167,22 +60,6 @@ def _wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.5) 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalRayCluster]:
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = AUTH_MODE  # inherited by the driver subprocess
-    ray_cluster = LocalRayCluster()
-    try:
-        yield ray_cluster.start()
-    finally:
-        ray_cluster.stop()
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
-    assert not ray_cluster.processes(), "Ray processes outlived the cluster"
 
 
 @pytest.fixture(scope="module")
@@ -336,6 +213,47 @@ def test_the_only_replica_killed_comes_back(server: EmbeddedRayServer) -> None:
     _wait_for(lambda: client.predict(b"again")[0] == 200, 90, "traffic to recover")
     status, _, body = client.predict(b"after")
     assert status == 200 and json.loads(body)["pid"] != victim
+
+
+def test_batch_size_and_delay_change_in_place_without_restarting_replicas(server: EmbeddedRayServer) -> None:
+    client = Client(server)
+    url = f"{client.management}/models/sleep"
+    [pid] = client.worker_pids()
+    status, answer = _get(f"{url}?batch_size=2&max_batch_delay=300&synchronous=true", method="PUT")
+    assert (status, answer) == (200, {"status": "Batching set to batch_size=2, max_batch_delay=300 for model: sleep"})
+    described = _get(url)[1][0]
+    assert (described["batchSize"], described["maxBatchDelay"], described["minWorkers"]) == (2, 300, 1)
+    assert [w["pid"] for w in described["workers"]] == [pid], "a user_config change must not restart the replica"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: client.predict(f"r{i}".encode()), range(8)))
+    assert all(status == 200 for status, _, _ in results)
+    bodies = [json.loads(body) for _, _, body in results]
+    assert max(b["batch_size"] for b in bodies) == 2 and {b["pid"] for b in bodies} == {pid}
+    assert {b["configured"] for b in bodies} == {2}  # the handler's context follows
+
+    # batch and workers in one request: both apply, the running replica stays
+    query = "batch_size=4&max_batch_delay=150&min_worker=2&synchronous=true&timeout=90"
+    status, answer = _get(f"{url}?{query}", method="PUT")
+    assert (status, answer["status"]) == (
+        200,
+        "Batching set to batch_size=4, max_batch_delay=150 for model: sleep; Workers scaled to 2 for model: sleep",
+    )
+    described = _get(url)[1][0]
+    assert (described["batchSize"], described["maxBatchDelay"], described["minWorkers"]) == (4, 150, 2)
+    assert pid in [w["pid"] for w in described["workers"]] and len(described["workers"]) == 2
+
+    for bad, key in [
+        ("batch_size=0", "batch_size"),
+        ("batch_size=two", "batch_size"),
+        ("max_batch_delay=-1", "max_batch_delay"),
+        ("batch_size=2&max_batch_delay=1.5&min_worker=1", "max_batch_delay"),  # nothing applies, workers neither
+    ]:
+        status, answer = _get(f"{url}?{bad}", method="PUT")
+        assert status == 400 and answer["code"] == 400 and answer["type"] == "BadRequestException", (bad, answer)
+        assert answer["message"].startswith(f"{key} must be "), answer
+    described = _get(url)[1][0]
+    assert (described["batchSize"], described["maxBatchDelay"], len(described["workers"])) == (4, 150, 2)
+    client.scale(1)
 
 
 def test_tuner_tunes_the_ray_deployment_through_its_management_api(server: EmbeddedRayServer, tmp_path: Path) -> None:

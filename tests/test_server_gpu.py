@@ -21,3 +21,14 @@ def test_workers_get_gpus_round_robin(tmp_path: Path, start_server) -> None:  # 
     workers = call("GET", f"{server.management_url}/models/sleep").json()[0]["workers"]
     assert len(workers) == 2 and all(w["gpu"] for w in workers)
     assert call("POST", f"{server.inference_url}/predictions/sleep", b"x").status == 200
+
+
+
+def test_describe_reports_the_workers_gpu_memory(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "store"
+    sleep_archive(store, model_config={"deviceType": "gpu", "sleep": {"cuda_mb": 64}})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    assert call("POST", f"{server.inference_url}/predictions/sleep", b"x").status == 200
+    (worker,) = call("GET", f"{server.management_url}/models/sleep").json()[0]["workers"]
+    assert worker["gpuMemoryUsage"] >= 64 * 2**20
+    assert worker["gpuUsage"].startswith(f"gpuId::{worker['gpuId']} memory.used [MiB]::")

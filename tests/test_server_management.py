@@ -27,6 +27,7 @@ def test_register_describe_scale_unregister(tmp_path: Path, start_server) -> Non
     info = desc[0]
     assert (info["modelName"], info["modelVersion"], info["batchSize"], info["maxBatchDelay"]) == ("sleep", "1.0", 3, 7)
     assert len(info["workers"]) == 1 and info["workers"][0]["status"] == "READY" and info["workers"][0]["pid"] > 0
+    assert (info["workers"][0]["gpuUsage"], info["workers"][0]["gpuMemoryUsage"]) == ("N/A", 0)  # a CPU worker
     assert info["jobQueueStatus"] == {"remainingCapacity": 100, "pendingRequests": 0}
 
     conflict = call("POST", f"{mgmt}/models?url=sleep.mar")
@@ -190,3 +191,52 @@ def test_customized_describe_asks_the_handler(tmp_path: Path, start_server) -> N
     custom = call("GET", f"{server.management_url}/models/sleep?customized=true").json()[0]
     # The describe job runs in a batch of its own, whatever the model's batch size.
     assert custom["customizedMetadata"] == {"handler": "sleep", "config": {"batch_ms": 3, "item_ms": 0.0}, "batch": 1}
+
+
+def test_batching_changes_in_place_without_restarting_workers(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    """servetune's extension: ``PUT /models/{name}?batch_size=&max_batch_delay=`` (TorchServe re-registers)."""
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=150, model_config={"batchSize": 1, "maxBatchDelay": 0})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    mgmt, url = server.management_url, f"{server.inference_url}/predictions/sleep"
+
+    def burst(n: int) -> list[dict[str, object]]:
+        replies: list[dict[str, object]] = []
+        threads = [threading.Thread(target=lambda i=i: replies.append(call("POST", url, f"{i}".encode()).json()))
+                   for i in range(n)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return replies
+
+    before = call("GET", f"{mgmt}/models/sleep").json()[0]
+    pids = {w["pid"] for w in before["workers"]}
+    assert {r["batch_size"] for r in burst(4)} == {1}
+
+    changed = call("PUT", f"{mgmt}/models/sleep?batch_size=4&max_batch_delay=400")
+    assert changed.status == 200, changed.body
+    assert changed.json() == {"status": "Batching set to batch_size=4, max_batch_delay=400 for model: sleep"}
+    after = call("GET", f"{mgmt}/models/sleep").json()[0]
+    assert (after["batchSize"], after["maxBatchDelay"]) == (4, 400)
+    assert {w["pid"] for w in after["workers"]} == pids  # same worker processes
+    replies = burst(4)
+    assert [r["batch_size"] for r in replies] == [4, 4, 4, 4]
+    assert {r["configured"] for r in replies} == {4}  # the handler's context follows
+    assert {r["pid"] for r in replies} == pids
+
+    # Only the delay; then batching and workers in one call.
+    assert call("PUT", f"{mgmt}/models/sleep?max_batch_delay=5").status == 200
+    assert call("GET", f"{mgmt}/models/sleep").json()[0]["batchSize"] == 4
+    both = call("PUT", f"{mgmt}/models/sleep?batch_size=2&min_worker=2&synchronous=true")
+    assert both.status == 200 and both.json()["status"].endswith("; Workers scaled to 2 for model: sleep")
+    described = call("GET", f"{mgmt}/models/sleep").json()[0]
+    assert (described["batchSize"], described["maxBatchDelay"], len(described["workers"])) == (2, 5, 2)
+
+    # Bad values are refused and change nothing, even alongside a valid scale request.
+    for query in ("batch_size=0", "batch_size=two", "max_batch_delay=-1", "batch_size=4&min_worker=3&max_worker=1"):
+        refused = call("PUT", f"{mgmt}/models/sleep?{query}")
+        assert refused.status == 400, (query, refused.body)
+        assert refused.json()["type"] == "BadRequestException" or refused.json()["code"] == 400
+    described = call("GET", f"{mgmt}/models/sleep").json()[0]
+    assert (described["batchSize"], described["maxBatchDelay"], len(described["workers"])) == (2, 5, 2)

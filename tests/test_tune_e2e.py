@@ -196,16 +196,24 @@ def test_torchserve_case_study_yaml_runs(tmp_path: Path, model: Path) -> None:
     assert result.analysis.winner is not None and result.analysis.winner.config.batch_size == 4
 
 
-def test_url_mode_tunes_the_workers_of_a_running_server(tmp_path: Path, model: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+def test_url_mode_tunes_a_running_server_in_place(tmp_path: Path, model: Path, start_server) -> None:  # type: ignore[no-untyped-def]
     server = start_server(model_store=model.parent, models={"cost": model.name})
+
+    def described() -> dict[str, Any]:
+        request = urllib.request.Request(f"{server.management_url}/models/cost")
+        found: dict[str, Any] = json.loads(urllib.request.urlopen(request, timeout=30).read())[0]
+        return found
+
+    before = described()
     path = study_file(tmp_path, model, space={"workers": [1, 2], "batch_size": [1, 4]}, strategy="adaptive")
     result = tune(load_study(path), tmp_path / "o", remote=Remote(server.inference_url, server.management_url))
-    assert {t.config.batch_size for t in result.trials} == {1}  # the model API is off: only workers move
-    assert result.analysis.winner is not None and result.analysis.winner.config.workers == 2
-    assert any("model API is off" in note for note in result.notes)
-    request = urllib.request.Request(f"{server.management_url}/models/cost")
-    described = json.loads(urllib.request.urlopen(request, timeout=30).read())[0]
-    assert len(described["workers"]) == 1  # put back as it was found
+    # The model API is off, but servetune changes batching in place: batch sizes are tuned too, no re-registering.
+    assert any("batch size and delay change in place" in note for note in result.notes)
+    assert {t.config.batch_size for t in result.trials} == {1, 4}
+    assert result.analysis.winner is not None and result.analysis.winner.config.key == "served|w2|b4|d100"
+    after = described()  # put back as it was found: same batching, one worker, the very same process
+    assert (after["batchSize"], after["maxBatchDelay"]) == (before["batchSize"], before["maxBatchDelay"])
+    assert [w["pid"] for w in after["workers"]] == [w["pid"] for w in before["workers"]]
 
 
 @pytest.mark.gpu

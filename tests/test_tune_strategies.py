@@ -8,7 +8,7 @@ from servetune.tune.analysis import analyse
 from servetune.tune.space import Space
 from servetune.tune.study import Config, Load
 from servetune.tune.trial import judge
-from tune_synthetic import best_by_hand, cost_model, drive, family, study
+from tune_synthetic import Model, best_by_hand, cost_model, drive, family, study
 
 
 def test_grid_measures_every_config_once_in_cheap_order_then_remeasures_the_best() -> None:
@@ -134,3 +134,69 @@ def test_the_same_results_give_the_same_proposals() -> None:
     first = [(t.config, t.repeat) for t in drive(s, cost_model())]
     second = [(t.config, t.repeat) for t in drive(dataclasses.replace(s), cost_model())]
     assert first == second
+
+
+def test_one_flat_step_does_not_end_a_ladder() -> None:
+    # Two workers measure no better than one (a noisy run, or clients too few to keep both busy), three do.
+    def model(c: Config) -> tuple[float, float]:
+        return {1: 20.0, 2: 20.0, 3: 40.0, 4: 39.0}[c.workers], 50.0
+
+    s = study(family(workers=(1, 2, 3, 4), batch=(1,), delays=(10,)), remeasure=0)
+    trials = drive(s, model)
+    assert [t.config.workers for t in trials] == [1, 2, 3, 4]
+    assert analyse(s, trials).winner.config.workers == 3  # type: ignore[union-attr]
+
+    # Two flat steps in a row end it: 4 workers are never tried.
+    def flat(c: Config) -> tuple[float, float]:
+        return {1: 20.0, 2: 20.0, 3: 20.0, 4: 80.0}[c.workers], 50.0
+
+    assert [t.config.workers for t in drive(s, flat)] == [1, 2, 3]
+
+
+
+def plateau(lucky: dict[Config, float] | None = None) -> Model:
+    """1 worker serves 20 req/s, 2 workers 40 whatever else; 3 workers no more; ``lucky`` configs' first run gains
+    the given fraction."""
+    runs: dict[Config, int] = {}
+
+    def measure(c: Config) -> tuple[float, float]:
+        runs[c] = runs.get(c, 0) + 1
+        gain = (lucky or {}).get(c, 0.0) if runs[c] == 1 else 0.0
+        base = 20.0 * (1 + 0.07 * (c.batch_size > 1)) if c.workers == 1 else 40.0
+        return base * (1 + gain), 20.0 * c.batch_size
+
+    return measure
+
+
+def test_a_move_of_the_climb_needs_a_second_run() -> None:
+    # A neighbour's first run beats the best by 3% (more than RISE); its second run does not: no move.
+    s = study(family(workers=(1, 2, 3), batch=(1, 2, 4), delays=(10, 50)), p99_ms=150, remeasure=2)
+    lucky = Config("eager/cpu", 2, 2, 10)
+    trials = drive(s, plateau({lucky: 0.03}))
+    assert [(t.config, t.repeat) for t in trials if "confirm" in t.reason] == [
+        (lucky, 1), (Config("eager/cpu", 2, 2, 50), 1)
+    ]  # fmt: skip
+    assert not any(t.reason == f"neighbour of {lucky.key}" for t in trials)
+    # With a real gain (two runs agree), the climb moves on.
+    steady = drive(s, lambda c: plateau()(c) if c != lucky else (41.2, 20.0 * c.batch_size))
+    assert any(t.reason == f"neighbour of {lucky.key}" for t in steady)
+    assert analyse(s, steady).winner.config == lucky  # type: ignore[union-attr]
+
+
+def test_after_a_move_steps_that_lost_before_are_not_tried_again() -> None:
+    # Separable knobs: throughput = f(workers, batch) x g(delay). The climb moves along the delay; from the new
+    # centre it does not re-try the worker and batch steps that lost from the old one.
+    def model(c: Config) -> tuple[float, float]:
+        base = 20.0 if c.workers == 1 else 40.0 - 5.0 * abs(c.batch_size - 2) - 5.0 * (c.workers - 2)
+        return base * {10: 0.9, 50: 1.0, 100: 1.1}[c.batch_delay_ms], 20.0 * c.batch_size
+
+    s = study(family(workers=(1, 2, 3), batch=(1, 2, 4), delays=(10, 50, 100)), p99_ms=150, remeasure=2)
+    trials = drive(s, model)
+    best = Config("eager/cpu", 2, 2, 100)
+    assert analyse(s, trials).winner.config == best  # type: ignore[union-attr]
+    assert any(t.reason == "neighbour of eager/cpu|w2|b2|d50" for t in trials)
+    # From the new centre only w3|b2 is tried: its counterpart w3|b2|d50 was never measured; the other steps
+    # (w1|b2, w2|b4, and the anti-diagonals w3|b1, w1|b4) lost from w2|b2|d50.
+    from_best = [t.config for t in trials if t.reason == f"neighbour of {best.key}"]
+    assert from_best == [Config("eager/cpu", 3, 2, 100)]
+    assert len({t.config for t in trials}) <= len(Space(s)) // 2

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +258,62 @@ def test_unreadable_study_files(tmp_path: Path) -> None:
         load_study(tmp_path / "none.yaml", devices={"cpu"})
     refused(tmp_path, "a: [", r"invalid YAML")
     refused(tmp_path, "- 1\n", r"expected a mapping at the top level")
+
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+def test_the_backend_is_native_unless_the_study_or_the_command_line_says_ray(files: Path) -> None:
+    study = load_study(write(files, native()), devices={"cpu"})
+    assert (study.backend, study.ray_address) == ("native", None)
+    if not HAS_RAY:
+        pytest.skip("Ray is not installed")
+    on_ray = load_study(write(files, native(backend="ray", ray_address="10.0.0.5:6379")), devices={"cpu"})
+    assert (on_ray.backend, on_ray.ray_address) == ("ray", "10.0.0.5:6379")
+    assert on_ray.fingerprint() != study.fingerprint()  # another server measures differently
+    # the cluster's address is not part of it: a study resumes on a restarted head
+    assert on_ray.with_overrides(ray_address="head:6380").fingerprint() == on_ray.fingerprint()
+    overridden = study.with_overrides(backend="ray", ray_address="auto")
+    assert (overridden.backend, overridden.ray_address) == ("ray", "auto")
+    assert on_ray.with_overrides(backend="native", ray_address=None).backend == "native"
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        ({"backend": "k8s"}, r"^backend='k8s': expected native or ray$"),
+        ({"backend": 3}, r"^backend=3: expected native or ray$"),
+        ({"backend": "ray", "ray_address": "head"}, r"^ray_address='head': expected HOST:PORT"),
+        ({"backend": "ray", "ray_address": "head:99999"}, r"^ray_address='head:99999': expected HOST:PORT"),
+        ({"backend": "ray", "ray_address": "ray://head:10001"}, r"^ray_address='ray://head:10001': expected"),
+        ({"ray_address": "head:6379"}, r"^ray_address='head:6379': only used with backend ray"),
+        ({"backend": "ray", "server": {"inference_token_authorization": True}}, r"^server: inference_token_auth"),
+    ],
+)
+def test_invalid_backends_name_the_key_and_value(files: Path, change: dict[str, Any], pattern: str) -> None:
+    if change.get("backend") == "ray" and "server" in change and not HAS_RAY:
+        pytest.skip("Ray is not installed")
+    refused(files, native(**change), pattern)
+
+
+def test_command_line_backend_overrides_are_validated(files: Path) -> None:
+    study = load_study(write(files, native()), devices={"cpu"})
+    with pytest.raises(ConfigError, match=r"^ray_address='head:6379': only used with backend ray"):
+        study.with_overrides(ray_address="head:6379")
+    text = CASE_STUDY.format(archive=files / "model.mar", input=files / "input.png")
+    case_study = load_study(write(files, text), devices={"cpu"})
+    with pytest.raises(ConfigError, match=r"^backend='ray': TorchServe's auto-benchmark form runs on the native"):
+        case_study.with_overrides(backend="ray")
+
+
+def test_without_ray_a_ray_study_says_how_to_install_it(files: Path) -> None:
+    # A None entry in sys.modules makes ``import ray`` fail as if Ray were not installed.
+    path = write(files, native())
+    code = (
+        "import sys; sys.modules['ray'] = None; from servetune.cli import main; "
+        f"main(['tune', {str(path)!r}, '--backend', 'ray', '--out', {str(files / 'out')!r}])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'servetune[ray]'" in done.stderr
+    assert not (files / "out").exists()  # refused before any trial

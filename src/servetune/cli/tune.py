@@ -6,10 +6,14 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from servetune.tune._values import duration
+
+if TYPE_CHECKING:
+    from servetune.tune.study import Study
 
 
 @click.command("tune", context_settings={"show_default": True})
@@ -22,6 +26,16 @@ from servetune.tune._values import duration
     help="Study folder for the checkpoint, reports and deploy files. [default: <study>-tune/ beside the study]",
 )
 @click.option("--strategy", type=click.Choice(["adaptive", "grid"]), help="Override the study's search strategy.")
+@click.option(
+    "--backend",
+    type=click.Choice(["native", "ray"]),
+    help="The server trials run on: servetune's own, or Ray Serve (servetune[ray]). [default: the study's]",
+)
+@click.option(
+    "--ray-address",
+    metavar="HOST:PORT",
+    help="With backend ray: a running Ray cluster's head (or auto). [default: the study's, else a private local one]",
+)
 @click.option("--url", help="Tune this running server (its inference address) instead of starting one.")
 @click.option("--management-url", help="With --url: the management address. [default: inference port + 1]")
 @click.option(
@@ -39,6 +53,8 @@ def command(
     budget: str | None,
     out: Path | None,
     strategy: str | None,
+    backend: str | None,
+    ray_address: str | None,
     url: str | None,
     management_url: str | None,
     metrics_url: str | None,
@@ -58,12 +74,14 @@ def command(
     console = Console(stderr=True)
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: the server is stopped, the report written
     budget_s = duration("--budget", budget) if budget is not None else None
-    study = load_study(study_file).with_overrides(sla_p99_ms=sla_p99, budget_s=budget_s, strategy=strategy)
+    study = load_study(study_file).with_overrides(
+        sla_p99_ms=sla_p99, budget_s=budget_s, strategy=strategy, backend=backend, ray_address=ray_address
+    )
     out = out or study_file.with_name(f"{study_file.stem}-tune")
     remote = Remote(url, management_url, metrics_url, key_file) if url else None
     console.print(
         f"tuning {study.model}: {study.size} configs, {study.sla.describe()}, strategy {study.strategy.name}, "
-        f"budget {study.budget.describe()} -> {out}",
+        f"budget {study.budget.describe()}{on_ray(study, remote is not None)} -> {out}",
         highlight=False,
     )
     result = tune(study, out, remote=remote, console=console)
@@ -80,6 +98,12 @@ def command(
         sys.exit(130)
     if analysis.winner is None:
         sys.exit(1)
+
+
+def on_ray(study: Study, remote: bool) -> str:
+    if study.backend != "ray" or remote:
+        return ""
+    return f", on Ray ({study.ray_address or 'a local Ray instance'})"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from types import ModuleType
 
 from servetune._exceptions import ConfigError
@@ -25,7 +26,9 @@ def ray_available() -> bool:
 def require_ray() -> ModuleType:
     """Return the ``ray`` module with ``ray.serve`` loaded; raise ConfigError with the install command if absent."""
     try:
-        importlib.import_module("ray.serve")
+        with warnings.catch_warnings():  # Ray's modules use pydantic features deprecated in 2.x as they load
+            warnings.simplefilter("ignore", DeprecationWarning)
+            importlib.import_module("ray.serve")
     except ImportError as exc:
         raise ConfigError(f"{INSTALL_HINT} ({exc})") from None
     return importlib.import_module("ray")

@@ -9,10 +9,13 @@ state API needs the dashboard, which small clusters run without).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from servetune._exceptions import ModelError
 from servetune.ray._require import require_ray
@@ -22,6 +25,8 @@ from servetune.ray.serve_config import serve_config
 log = logging.getLogger("servetune.ray")
 
 POLL_S = 0.25
+# CPUs a private local instance (``--ray-address local``) advertises; default: this machine's
+LOCAL_CPUS_ENV = "SERVETUNE_RAY_NUM_CPUS"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class ReplicaInfo:
     node_id: str
     state: str
     start_time: float
+    memory_bytes: int = 0  # resident memory, when the replica runs on the driver's machine (0: unknown)
 
 
 class RayBackend:
@@ -60,6 +66,8 @@ class RayBackend:
             kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
             if self.address == "local":  # a new instance inside this process: small, no dashboard
                 kwargs["include_dashboard"] = False
+                if os.environ.get(LOCAL_CPUS_ENV):  # the tuner's: room for its widest config, as native runs it
+                    kwargs["num_cpus"] = int(os.environ[LOCAL_CPUS_ENV])
             ray.init(address=self.address, **kwargs)
         self._client = serve_start(
             http_options={"host": self.host, "port": self.port}, proxy_location=self.proxy_location
@@ -167,14 +175,20 @@ class RayBackend:
 
     def scale(self, name: str, version: str | None, min_workers: int, max_workers: int) -> VersionPlan:
         """Set a version's replica count (an autoscaling range when max > min) and apply it."""
-        plan = self.get(name, version).scaled(min_workers, max_workers)
+        return self.update(self.get(name, version).scaled(min_workers, max_workers))
+
+    def update(self, plan: VersionPlan) -> VersionPlan:
+        """Apply a changed plan of a registered version (replicas, batch size and delay: all in place) at once."""
+        name = plan.spec.model_name
         model = self.models[name]
         self.models[name] = ModelPlan(name, {**model.versions, plan.spec.version: plan}, model.default_version)
         self.deploy()
         return plan
 
-    def wait_replicas(self, name: str, version: str, count: int, timeout_s: float) -> bool:
-        """Wait until the deployment has exactly ``count`` running replicas and is healthy."""
+    def wait_replicas(self, name: str, version: str, count: int | None, timeout_s: float) -> bool:
+        """Wait until the model's application is no longer deploying (every change applied: the controller marks it
+        DEPLOYING as it accepts a config) and the deployment is healthy with exactly ``count`` running replicas
+        (None: any number), none starting, stopping or being reconfigured."""
         from ray import serve
 
         deployment = deployment_name(name, version)
@@ -184,21 +198,24 @@ class RayBackend:
             found = app.deployments.get(deployment) if app is not None else None
             if found is None and count == 0:
                 return True
-            if found is not None:
+            if app is not None and found is not None and state_name(app.status) != "DEPLOYING":
                 states = {state_name(k): v for k, v in found.replica_states.items()}
                 others = sum(v for k, v in states.items() if k != "RUNNING")
-                if states.get("RUNNING", 0) == count and not others and state_name(found.status) == "HEALTHY":
-                    return True
+                running = states.get("RUNNING", 0)
+                if (running == count or (count is None and running > 0)) and not others:
+                    if state_name(found.status) == "HEALTHY":
+                        return True
             time.sleep(POLL_S)
         return False
 
     def replicas(self, name: str, version: str) -> list[ReplicaInfo]:
         """Live replica processes of a version, oldest first (from the GCS actor table)."""
-        require_ray()
+        ray = require_ray()
         from ray._private import state
 
         class_name = f"ServeReplica:{name}:{deployment_name(name, version)}"
         table: dict[str, dict[str, Any]] = state.actors(actor_state_name="ALIVE")
+        here = ray.util.get_node_ip_address()
         found = [
             ReplicaInfo(
                 actor_id=actor_id,
@@ -206,10 +223,12 @@ class RayBackend:
                 node_id=str((info.get("Address") or {}).get("NodeID", "")),
                 state=str(info.get("State")),
                 start_time=float(info.get("StartTime") or 0) / 1000.0,
+                memory_bytes=_rss(int(info.get("Pid") or -1)) if (info.get("Address") or {}).get("IPAddress") == here
+                else 0,
             )
             for actor_id, info in table.items()
             if info.get("ActorClassName") == class_name
-        ]
+        ]  # fmt: skip
         return sorted(found, key=lambda r: r.start_time)
 
     def deployment_status(self, name: str, version: str) -> dict[str, Any]:
@@ -221,6 +240,13 @@ class RayBackend:
             return {"status": "NOT_DEPLOYED", "replicaStates": {}}
         states = {state_name(k): int(v) for k, v in found.replica_states.items()}
         return {"status": state_name(found.status), "message": found.message, "replicaStates": states}
+
+
+def _rss(pid: int) -> int:
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except (psutil.Error, ValueError):
+        return 0
 
 
 def state_name(value: Any) -> str:

@@ -6,17 +6,19 @@ with EmbeddedRayServer(model_store, models={"m": "m.mar"}, properties={...}, ray
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from servetune.ray.controller import LOCAL_CPUS_ENV
 from servetune.server.embedded import EmbeddedServer
 
 
 class EmbeddedRayServer(EmbeddedServer):
-    """The same lifecycle and output parsing as ``EmbeddedServer``; ``ray_address=None`` starts a local cluster
-    inside the server process (stopped with it). It has no metrics API (Ray exports its own metrics)."""
+    """The same lifecycle and output parsing as ``EmbeddedServer``. ``ray_address``: ``local`` starts a private Ray
+    instance inside the server process (stopped with it; ``num_cpus`` sets the CPUs it advertises, default this
+    machine's), None follows Ray's own rule (``servetune serve --backend ray`` without ``--ray-address``). It has no
+    metrics API (Ray exports its own metrics)."""
 
     def __init__(
         self,
@@ -25,27 +27,18 @@ class EmbeddedRayServer(EmbeddedServer):
         properties: Mapping[str, str] | None = None,
         *,
         ray_address: str | None = None,
+        num_cpus: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(model_store, models, properties, **kwargs)
         self.ray_address = ray_address
+        self.num_cpus = num_cpus
 
     def start(self) -> EmbeddedRayServer:
-        # EmbeddedServer passes this process's environment on: select the backend through the CLI's env vars.
-        saved = {key: os.environ.get(key) for key in ("SERVETUNE_BACKEND", "RAY_ADDRESS")}
-        os.environ["SERVETUNE_BACKEND"] = "ray"
-        if self.ray_address is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = self.ray_address
-        try:
-            super().start()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        # The backend and the cluster reach the server through the CLI's environment variables.
+        self.env.update({"SERVETUNE_BACKEND": "ray", "RAY_ADDRESS": self.ray_address})
+        self.env[LOCAL_CPUS_ENV] = None if self.num_cpus is None else str(self.num_cpus)
+        super().start()
         return self
 
 

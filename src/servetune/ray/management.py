@@ -2,7 +2,10 @@
 unregister.
 
 ``PUT /models/{name}[/{version}]?min_worker=N[&max_worker=M][&synchronous=true]`` sets the deployment's
-``num_replicas`` (an autoscaling range when M > N; 0 removes the deployment and requests get 503);
+``num_replicas`` (an autoscaling range when M > N; 0 removes the deployment and requests get 503); servetune's
+extension ``?batch_size=B&max_batch_delay=D`` (either or both, with or without the workers) sets the batch size and
+delay of the live replicas through ``user_config`` (no restart; without ``min_worker``/``max_worker`` the replicas
+are not scaled), and describe shows them at once;
 ``GET /models/{name}`` describes the version with its live replica processes as ``workers``. ``POST /models`` and
 ``DELETE /models/{name}[/{version}]`` (only with ``enable_model_api``) add or remove an application or deployment.
 """
@@ -25,7 +28,14 @@ from servetune.ray.plan import VersionPlan, plan_version
 from servetune.server import sources
 from servetune.server.auth import TokenStore, auth_failed
 from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, error_response, exception_handlers, json_response
-from servetune.server.management import bool_param, int_param, page_of_models, request_params, scale_params
+from servetune.server.management import (
+    batching_params,
+    bool_param,
+    int_param,
+    page_of_models,
+    request_params,
+    scale_params,
+)
 
 SCALE_TIMEOUT_S = 120.0
 
@@ -69,6 +79,42 @@ async def _register(backend: RayBackend, config: ServerConfig, params: dict[str,
     return 200, f'Model "{name}" Version: {version} registered with {workers} initial workers'
 
 
+def _names_workers(params: dict[str, str]) -> bool:
+    return "min_worker" in params or "max_worker" in params
+
+
+async def _update(
+    backend: RayBackend, config: ServerConfig, name: str, path_version: str | None, params: dict[str, str]
+) -> tuple[int, str]:
+    """``PUT /models/{name}[/{version}]``: scale and/or re-batch in one config change (everything validated first)."""
+    version = path_version or params.get("model_version")
+    plan = backend.get(name, version)
+    batch_size, max_batch_delay = batching_params(params) or (None, None)
+    rebatch = batch_size is not None or max_batch_delay is not None
+    workers = scale_params(params, config) if not rebatch or _names_workers(params) else None
+    if rebatch:
+        plan = plan.rebatched_to(batch_size, max_batch_delay)
+    if workers is not None:
+        plan = plan.scaled(*workers)
+    await asyncio.to_thread(backend.update, plan)
+    synchronous = bool_param(params, "synchronous", False)
+    if workers is not None and not synchronous:
+        return 202, "Processing worker updates..."
+    if synchronous:
+        timeout = float(int_param(params, "timeout") or SCALE_TIMEOUT_S)
+        count = workers[0] if workers is not None else (None if plan.autoscaling else plan.min_workers)
+        if not await asyncio.to_thread(backend.wait_replicas, name, plan.spec.version, count, timeout):
+            return 206, "Workers scaling in progress..."
+    suffix = "" if path_version is None else f", version: {version}"
+    parts = [
+        f"Batching set to batch_size={plan.batch_size}, max_batch_delay={plan.max_batch_delay_ms} for model: {name}"
+    ]
+    parts = parts if rebatch else []
+    if workers is not None:
+        parts.append(f"Workers scaled to {workers[0]} for model: {name}{suffix}")
+    return 200, "; ".join(parts)
+
+
 def describe(backend: RayBackend, plan: VersionPlan) -> dict[str, Any]:
     spec = plan.spec
     name, version = spec.model_name, spec.version
@@ -82,7 +128,7 @@ def describe(backend: RayBackend, plan: VersionPlan) -> dict[str, Any]:
         "runtime": plan.manifest.get("runtime", "python"),
         "minWorkers": plan.min_workers,
         "maxWorkers": plan.max_workers,
-        "batchSize": spec.batch_size,
+        "batchSize": plan.batch_size,
         "maxBatchDelay": plan.max_batch_delay_ms,
         "responseTimeout": int(spec.response_timeout_s),
         "deviceType": "gpu" if spec.gpu else "cpu",
@@ -95,6 +141,7 @@ def describe(backend: RayBackend, plan: VersionPlan) -> dict[str, Any]:
                 "startTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(r.start_time)),
                 "status": "READY" if r.state == "ALIVE" else r.state,
                 "pid": r.pid,
+                "memoryUsage": r.memory_bytes,
                 "node": r.node_id,
                 "gpu": spec.gpu,
             }
@@ -140,18 +187,8 @@ def create_management_app(backend: RayBackend, config: ServerConfig, tokens: Tok
             await asyncio.to_thread(backend.unregister, name, version)
             return json_response({"status": f'Model "{name}" unregistered'})
         params = dict(request.query_params)
-        version = version or params.get("model_version")
-        plan = backend.get(name, version)
-        min_worker, max_worker = scale_params(params, config)
-        await asyncio.to_thread(backend.scale, name, plan.spec.version, min_worker, max_worker)
-        if (params.get("synchronous") or "false").strip().lower() != "true":
-            return json_response({"status": "Processing worker updates..."}, 202)
-        timeout = float(int_param(params, "timeout") or SCALE_TIMEOUT_S)
-        done = await asyncio.to_thread(backend.wait_replicas, name, plan.spec.version, min_worker, timeout)
-        if not done:
-            return json_response({"status": "Workers scaling in progress..."}, 206)
-        suffix = "" if request.path_params.get("version") is None else f", version: {version}"
-        return json_response({"status": f"Workers scaled to {min_worker} for model: {name}{suffix}"})
+        status, message = await _update(backend, config, name, version, params)
+        return json_response({"status": message}, status)
 
     routes = [
         Route("/models", models, methods=["GET", "POST"]),

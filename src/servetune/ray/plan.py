@@ -63,6 +63,14 @@ class VersionPlan:
     job_queue_size: int
     num_cpus: float = 1.0
     model_url: str = ""  # as registered (``resnet18.mar``): what the management API reports as modelUrl
+    # the batch size set in place (``PUT /models/{name}?batch_size=``), carried in ``user_config``; None: the
+    # one the replicas load with (``spec.batch_size``, part of the application's args: changing it redeploys)
+    rebatched: int | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size the replicas batch up to now."""
+        return self.spec.batch_size if self.rebatched is None else self.rebatched
 
     @property
     def autoscaling(self) -> bool:
@@ -98,6 +106,15 @@ class VersionPlan:
 
     def scaled(self, min_workers: int, max_workers: int) -> VersionPlan:
         return replace(self, min_workers=min_workers, max_workers=max(min_workers, max_workers))
+
+    def rebatched_to(self, batch_size: int | None, max_batch_delay: int | None) -> VersionPlan:
+        """New batch size and/or delay for the live replicas (``user_config``: applied without restarting them)."""
+        plan = self
+        if batch_size is not None:
+            plan = replace(plan, rebatched=batch_size)
+        if max_batch_delay is not None:
+            plan = replace(plan, max_batch_delay_ms=max_batch_delay)
+        return plan
 
 
 @dataclass(frozen=True)

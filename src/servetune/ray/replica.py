@@ -4,7 +4,8 @@
 Load: ``open_archive`` into a private directory, then ``load_service`` with the same arguments as
 ``servetune.server.worker`` (context, batch size, model-config with its ``optimization`` variant, GPU 0 of the
 replica's own GPU when ``deviceType: gpu``). Batches: ``@serve.batch`` with max size = ``batchSize`` and wait =
-``maxBatchDelay``; one batch at a time, run on a thread so that the next batch forms meanwhile.
+``maxBatchDelay``, both from ``user_config`` (changed in place); one batch at a time, run on a thread so that the
+next batch forms meanwhile.
 """
 
 from __future__ import annotations
@@ -77,9 +78,14 @@ class ModelReplica:
         self.batched.set_max_batch_size(self.spec.batch_size)  # type: ignore[attr-defined]
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
-        """``user_config`` changes apply in place: the batch delay."""
+        """``user_config`` changes apply in place, from the next batch on: the batch size (the batch queue's and the
+        handler's ``context.system_properties["batch_size"]``) and the batch delay. Ray calls this after
+        ``__init__`` and on every ``user_config`` change, without restarting the replica."""
+        batch_size = int(user_config.get("batch_size", self.spec.batch_size))
         delay_ms = float(user_config.get("max_batch_delay_ms", DEFAULT_DELAY_S * 1000.0))
+        self.batched.set_max_batch_size(batch_size)  # type: ignore[attr-defined]
         self.batched.set_batch_wait_timeout_s(delay_ms / 1000.0)  # type: ignore[attr-defined]
+        self.service.context.system_properties["batch_size"] = batch_size
 
     def check_health(self) -> None:
         """A replica whose handler overran ``responseTimeout`` is replaced, as a native worker is killed."""

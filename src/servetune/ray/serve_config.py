@@ -3,11 +3,12 @@
 One application per model name at ``/predictions/<name>`` whose ingress is the default version's deployment (the
 proxy hands each request straight to a replica: one hop), plus a small ``servetune`` application at ``/`` for
 ``/ping`` and TorchServe's 404s. Knobs: workers -> ``num_replicas`` (``autoscaling_config`` when max > min),
-batch size -> ``@serve.batch`` max size (an application arg: the handler's context carries it, so a change reloads),
-batch delay -> ``user_config`` (changed in place), ``deviceType: gpu`` -> one GPU per replica.
+batch size and delay -> ``@serve.batch`` max size and wait, through ``user_config`` (changed in place by
+``reconfigure``), ``deviceType: gpu`` -> one GPU per replica.
 
-Only ``num_replicas``/``autoscaling_config``/``user_config`` changes keep replicas: Ray hashes the import path and
-args into the code version, so anything else redeploys the application.
+Only ``num_replicas``/``autoscaling_config``/``user_config``/``max_ongoing_requests`` changes keep replicas: Ray
+hashes the import path and args into the code version, so anything else redeploys the application. The args carry
+the batch size a replica loads with (the handler's context at ``initialize``); ``user_config`` the live one.
 """
 
 from __future__ import annotations
@@ -25,17 +26,19 @@ FRONTEND_DEPLOYMENT = "Frontend"
 
 
 def max_ongoing_requests(batch_size: int) -> int:
-    """Requests a replica holds at once: a batch running and the next one forming (Ray wants >= the batch size)."""
-    return max(2, 2 * batch_size)
+    """Requests a replica holds at once: one batch (Ray wants >= the batch size). Not more: Ray's proxy prefers the
+    replicas on its own node until they are full, so a replica that took two batches' worth would leave replicas on
+    other nodes idle (2 workers x batch 1 on two nodes served as 1 worker did); the rest wait in the proxy."""
+    return batch_size
 
 
 def deployment_options(plan: VersionPlan) -> dict[str, Any]:
     spec = plan.spec
     options: dict[str, Any] = {
         "name": deployment_name(spec.model_name, spec.version),
-        "max_ongoing_requests": max_ongoing_requests(spec.batch_size),
+        "max_ongoing_requests": max_ongoing_requests(plan.batch_size),
         "max_queued_requests": plan.job_queue_size,
-        "user_config": {"max_batch_delay_ms": plan.max_batch_delay_ms},
+        "user_config": {"batch_size": plan.batch_size, "max_batch_delay_ms": plan.max_batch_delay_ms},
         "ray_actor_options": {"num_cpus": plan.num_cpus, "num_gpus": 1 if spec.gpu else 0},
         "graceful_shutdown_timeout_s": max(5.0, spec.response_timeout_s),
         "health_check_period_s": 2.0,
@@ -46,7 +49,7 @@ def deployment_options(plan: VersionPlan) -> dict[str, Any]:
             "min_replicas": plan.min_workers,
             "max_replicas": plan.max_workers,
             "initial_replicas": plan.min_workers,
-            "target_ongoing_requests": spec.batch_size,
+            "target_ongoing_requests": plan.batch_size,
         }
     else:
         options["num_replicas"] = plan.min_workers

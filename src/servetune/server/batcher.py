@@ -67,6 +67,14 @@ class Batcher:
         self._collecting = asyncio.Lock()
         self.dropped_disconnected = 0
 
+    def reconfigure(self, batch_size: int, max_delay_s: float) -> None:
+        """New limits, used from the batch being collected on (a collector waiting for more re-checks now)."""
+        if batch_size < 1 or max_delay_s < 0:
+            raise ValueError(f"batch_size must be >= 1 and max_delay_s >= 0, got {batch_size}, {max_delay_s}")
+        self.batch_size = batch_size
+        self.max_delay_s = max_delay_s
+        self._arrived.set()
+
     def __len__(self) -> int:
         return len(self._queue)
 

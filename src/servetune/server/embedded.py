@@ -53,6 +53,9 @@ class EmbeddedServer:
         self.startup_timeout = startup_timeout
         self.echo = echo
         self.fail_on_model_error = fail_on_model_error
+        # The server's environment: this process's, with these set (None: removed). The backend is named outright,
+        # so that a SERVETUNE_BACKEND exported in the caller's shell cannot turn this into a Ray server.
+        self.env: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "SERVETUNE_BACKEND": "native"}
         self.output: list[str] = []
         self.urls: dict[str, str] = {}
         self.proc: subprocess.Popen[str] | None = None
@@ -76,6 +79,15 @@ class EmbeddedServer:
             return {}
         return {"Authorization": f"Bearer {json.loads(key_file.read_text())[kind]['key']}"}
 
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for key, value in self.env.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        return env
+
     def start(self) -> EmbeddedServer:
         config = self.workdir / "config.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.properties.items()))
@@ -87,7 +99,7 @@ class EmbeddedServer:
         self.proc = subprocess.Popen(
             args,
             cwd=self.workdir,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=self.environment(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -79,6 +79,27 @@ def scale_params(params: dict[str, str], config: ServerConfig) -> tuple[int, int
     return min_worker, max_worker
 
 
+def batching_params(params: dict[str, str]) -> tuple[int | None, int | None] | None:
+    """``batch_size`` / ``max_batch_delay`` of a PUT (servetune's extension: TorchServe changes them only by
+    registering again), validated strictly; None when neither is given."""
+    found: list[int | None] = []
+    for key, minimum in (("batch_size", 1), ("max_batch_delay", 0)):
+        raw = params.get(key)
+        if raw is None:
+            found.append(None)
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ModelError(f"{key} must be an integer, got {raw!r}", 400) from None
+        if not minimum <= value <= 1_000_000:
+            raise ModelError(f"{key} must be between {minimum} and 1000000, got {value}", 400)
+        found.append(value)
+    if found == [None, None]:
+        return None
+    return found[0], found[1]
+
+
 def describe(model: ServedModel, registry: ModelRegistry) -> dict[str, Any]:
     config = model.config
     return {
@@ -205,15 +226,24 @@ def create_management_app(registry: ModelRegistry, tokens: TokenStore | None) ->
             if not config.enable_model_api:
                 return model_api_disabled()
             return json_response({"status": await registry.unregister(name, version)})
-        # PUT: scale workers
+        # PUT: scale workers, and (servetune's extension) change batching in place
         params = dict(request.query_params)
         version = version or params.get("model_version")
-        registry.get(name, version)
-        min_worker, max_worker = scale_params(params, config)
-        status, message = await registry.scale(
+        served = registry.get(name, version)
+        batching = batching_params(params)
+        scaling = batching is None or "min_worker" in params or "max_worker" in params
+        min_worker, max_worker = scale_params(params, config)  # validated before anything changes
+        if batching is not None:
+            served.rebatch(*batching)
+            message = f"Batching set to batch_size={served.config.batch_size}, max_batch_delay=" + (
+                f"{served.config.max_batch_delay_ms} for model: {name}"
+            )
+            if not scaling:
+                return json_response({"status": message})
+        status, scaled = await registry.scale(
             name, version, min_worker, max_worker, bool_param(params, "synchronous", False)
         )
-        return json_response({"status": message}, status)
+        return json_response({"status": scaled if batching is None else f"{message}; {scaled}"}, status)
 
     async def set_default(request: Request) -> Response:
         if not authorized(request):

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,16 @@ class ServedModel:
     def healthy(self) -> bool:
         return self.ready_workers >= self.min_workers and not self.crash_loop
 
+    def rebatch(self, batch_size: int | None, max_batch_delay_ms: int | None) -> None:
+        """Change the batch size and/or delay in place: the batcher uses them for the next batch it forms, and the
+        workers' context (``system_properties["batch_size"]``) follows with that batch. No worker restarts."""
+        if batch_size is not None:
+            self.config = replace(self.config, batch_size=batch_size)
+        if max_batch_delay_ms is not None:
+            self.config = replace(self.config, max_batch_delay_ms=max_batch_delay_ms)
+        self.spec.config = self.config  # a restarted worker loads with the new values too
+        self.batcher.reconfigure(self.config.batch_size, self.config.max_batch_delay_ms / 1000.0)
+
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
@@ -147,7 +157,8 @@ class ServedModel:
             )
             blobs.extend(d for _, _, d in job.inputs)
         try:
-            header, bodies = await worker.run({"type": "predict", "batch": items}, blobs, self.response_timeout_s)
+            frame = {"type": "predict", "batch": items, "batch_size": self.config.batch_size}
+            header, bodies = await worker.run(frame, blobs, self.response_timeout_s)
         except WorkerTimeout as exc:
             log.error("model %s: %s; replacing the worker", self.name, exc)
             worker.kill()
@@ -163,6 +174,7 @@ class ServedModel:
             self._finish(failed, started, None, lambda: error_result(503, "ServiceUnavailableException", message))
             raise
         handler_ms = float(header.get("handler_ms", 0.0))
+        worker.gpu_memory_bytes = int(header.get("gpu_memory") or 0)
         for job, item, body in zip(batch, header["items"], bodies, strict=True):
             result = JobResult(
                 status=int(item["status"]),
@@ -311,8 +323,9 @@ class ServedModel:
                     slot.task = asyncio.create_task(self._slot_loop(slot, worker), name=f"{self.name}-w{slot.slot_id}")
                     self._slots.append(slot)
             elif len(active) > min_workers:
-                # Retire idle workers first; a busy one finishes its batch before it stops.
-                victims = sorted(active, key=lambda s: s.busy)[: len(active) - min_workers]
+                # Retire idle workers first, the newest first (the oldest are warm and keep their ids); a busy one
+                # finishes its batch before it stops.
+                victims = sorted(active, key=lambda s: (s.busy, -s.slot_id))[: len(active) - min_workers]
                 await asyncio.gather(*(self._retire(s) for s in victims))
 
     async def _retire(self, slot: WorkerSlot) -> None:
@@ -353,12 +366,20 @@ class ServedModel:
                     "pid": w.pid if w and w.pid else -1,
                     "gpu": w is not None and w.gpu_id is not None,
                     "gpuId": w.gpu_id if w is not None else None,
-                    "gpuUsage": "N/A",
+                    "gpuUsage": gpu_usage(w),
+                    "gpuMemoryUsage": w.gpu_memory_bytes if w else 0,
                     "restarts": slot.crashes,
                     **({"lastError": slot.last_error} if slot.last_error else {}),
                 }
             )
         return out
+
+
+def gpu_usage(worker: WorkerProcess | None) -> str:
+    """TorchServe's ``gpuUsage`` string (it asks nvidia-smi; this is the worker's own CUDA allocator's peak)."""
+    if worker is None or worker.gpu_id is None:
+        return "N/A"
+    return f"gpuId::{worker.gpu_id} memory.used [MiB]::{worker.gpu_memory_bytes // 2**20} MiB"
 
 
 __all__ = ["ModelSpec", "NoWorker", "QueueFull", "ServedModel", "error_body", "error_result"]

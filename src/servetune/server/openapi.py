@@ -128,6 +128,8 @@ def management_spec() -> dict[str, Any]:
                     query("min_worker", "integer"),
                     query("max_worker", "integer"),
                     query("synchronous", "boolean"),
+                    query("batch_size", "integer"),
+                    query("max_batch_delay", "integer"),
                 ],
                 "responses": {
                     "200": _json(_STATUS, "Scaled"),
@@ -152,6 +154,8 @@ def management_spec() -> dict[str, Any]:
                     query("min_worker", "integer"),
                     query("max_worker", "integer"),
                     query("synchronous", "boolean"),
+                    query("batch_size", "integer"),
+                    query("max_batch_delay", "integer"),
                 ],
                 "responses": {
                     "200": _json(_STATUS, "Scaled"),

@@ -37,6 +37,7 @@ class WorkerProcess:
         self.start_time = time.time()
         self.gpu_id: int | None = spec.get("gpu_id")
         self.load_ms = 0.0
+        self.gpu_memory_bytes = 0  # peak GPU memory reserved, as of its last batch
         self._proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: asyncio.Future[tuple[dict[str, Any], list[bytes]]] | None = None

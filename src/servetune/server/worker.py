@@ -71,6 +71,8 @@ def _serve(sock: socket.socket, service: Any) -> None:
             return
         if header.get("type") != "predict":
             continue
+        if "batch_size" in header:  # the frontend may change it in place (PUT /models/{name}?batch_size=)
+            service.context.system_properties["batch_size"] = int(header["batch_size"])
         requests = []
         blob_iter = iter(blobs)
         for item in header["batch"]:
@@ -82,7 +84,16 @@ def _serve(sock: socket.socket, service: Any) -> None:
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0
         items = [{"status": r.status, "ctype": r.content_type, "headers": r.headers} for r in responses]
-        send_frame(sock, {"type": "result", "handler_ms": handler_ms, "items": items}, [r.body for r in responses])
+        header = {"type": "result", "handler_ms": handler_ms, "items": items, "gpu_memory": _gpu_memory()}
+        send_frame(sock, header, [r.body for r in responses])
+
+
+def _gpu_memory() -> int:
+    """Bytes of GPU memory this process's caching allocator holds at most so far (0 when CUDA is unused)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return 0
+    return int(torch.cuda.max_memory_reserved())
 
 
 def main(argv: list[str]) -> int:

@@ -3,7 +3,10 @@
 - ``model-store/<model>/``: the model archive (folder format) whose model-config.yaml carries the winning settings;
 - ``model-config.yaml``: the same settings, for ``torch-model-archiver --config-file`` when rebuilding a .mar;
 - ``config.properties``: a server config that loads that archive at start (``models=`` repeats the settings);
-- ``serve-command.txt``: the exact ``servetune serve`` command.
+- ``serve-command.txt``: the exact ``servetune serve`` command;
+- with ``backend: ray``, ``ray-serve-config.yaml`` too: the same deployment as a Ray Serve config for ``serve deploy``
+  (or KubeRay's ``serveConfigV2``), as ``servetune serve --backend ray --ray-serve-config`` writes it; the command
+  serves it through the Ray backend's driver (``servetune serve --backend ray``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from servetune.tune.archives import trial_model_config, write_archive
 from servetune.tune.study import Config, Study
 from servetune.tune.target import queue_size
 
+RAY_SERVE_CONFIG = "ray-serve-config.yaml"
+RAY_SERVE_ADDRESS = "http://0.0.0.0:8000"
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -29,6 +35,7 @@ class Deployment:
     serve_command: str
     config_properties: Path
     model_config: Path
+    ray_serve_config: Path | None = None  # backend ray: for ``serve deploy`` on a running cluster
 
 
 def knobs(config: Config) -> dict[str, int]:
@@ -72,5 +79,24 @@ def write_deployment(study: Study, winner: Config, out_dir: Path, *, served_url:
     command = f"servetune serve --ts-config {config_properties.resolve()}"
     if served_url is not None:
         command += " --model-store <the server's model store>"
-    (folder / "serve-command.txt").write_text(command + "\n")
-    return Deployment(folder, command, config_properties, model_config)
+    lines = [command]
+    ray_file = None
+    if study.backend == "ray":
+        address = f" --ray-address {study.ray_address}" if study.ray_address else ""
+        command = command.replace("servetune serve ", f"servetune serve --backend ray{address} ", 1)
+        lines = [command]
+        if served_url is None:
+            ray_file = write_ray_serve_config(config_properties, folder / RAY_SERVE_CONFIG)
+            lines.append(f"# or, on a running Ray cluster (no servetune driver): serve deploy {ray_file.resolve()}")
+    (folder / "serve-command.txt").write_text("\n".join(lines) + "\n")
+    return Deployment(folder, command, config_properties, model_config, ray_file)
+
+
+def write_ray_serve_config(config_properties: Path, path: Path) -> Path:
+    """The deployment of ``config_properties`` as a Ray Serve config, listening on every interface at Ray Serve's
+    port (8000), with a proxy on every node: what ``serve deploy`` / KubeRay want on a cluster."""
+    from servetune.config.server import ServerConfig
+    from servetune.ray import export_serve_config
+
+    config = ServerConfig.load(config_properties, cli={"inference_address": RAY_SERVE_ADDRESS}, environ={})
+    return export_serve_config(config, (), path)

@@ -19,7 +19,7 @@ from servetune.tune.runner import TrialRunner
 from servetune.tune.space import Space
 from servetune.tune.strategies import Proposal, Strategy, load_strategy
 from servetune.tune.study import Study
-from servetune.tune.target import EmbeddedTarget, RemoteTarget, Target
+from servetune.tune.target import RemoteTarget, Target, embedded_target
 from servetune.tune.trial import Trial, judge
 
 
@@ -64,11 +64,13 @@ def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: 
             key_file=remote.key_file,
         )
         remote_target.start()
+        if study.backend == "ray":
+            notes.append("backend ray: --url tunes the running server as it is (no Ray cluster is started)")
         study, remote_notes = remote_target.adapt(study)
         notes += remote_notes
         target = remote_target
     else:
-        target = EmbeddedTarget(study, out_dir)
+        target = embedded_target(study, out_dir)
     for note in (*study.notes, *notes):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     run = _Run(study, out_dir, target, console)
@@ -184,6 +186,7 @@ def _finish(run: _Run, notes: list[str], *, served_url: str | None) -> TuneResul
             run.trials,
             notes=[*study.notes, *notes],
             serve_command=deployment.serve_command if deployment else None,
+            ray_serve_config=deployment.ray_serve_config if deployment else None,
             plots=[p.name for p in plots],
         )
     )

@@ -69,6 +69,41 @@ class ManagementClient:
             "PUT", f"/models/{urllib.parse.quote(model)}", min_worker=workers, max_worker=workers, synchronous="true"
         )
 
+    def rebatch(self, model: str, *, batch_size: int, max_batch_delay: int, workers: int) -> bool:
+        """Change batching in place and scale, in one call (servetune's extension of the scale API; TorchServe
+        ignores the batch parameters). True when the server now reports the new batching."""
+        self.call(
+            "PUT",
+            f"/models/{urllib.parse.quote(model)}",
+            batch_size=batch_size,
+            max_batch_delay=max_batch_delay,
+            min_worker=workers,
+            max_worker=workers,
+            synchronous="true",
+        )
+        described = self.describe(model)
+        return (described.get("batchSize"), described.get("maxBatchDelay")) == (batch_size, max_batch_delay)
+
+    def rebatch_supported(self, model: str, described: Mapping[str, Any]) -> bool:
+        """Whether the server changes batching in place, asked without changing anything: the model's own batch
+        size, delay and workers sent back. servetune answers "Batching set ..."; TorchServe ignores the batch
+        parameters and answers that it scaled the workers to the number they already are."""
+        workers = described.get("workers")
+        count = len(workers) if isinstance(workers, list) else int(str(described.get("minWorkers", 1)))
+        try:
+            answer = self.call(
+                "PUT",
+                f"/models/{urllib.parse.quote(model)}",
+                batch_size=described.get("batchSize"),
+                max_batch_delay=described.get("maxBatchDelay"),
+                min_worker=count,
+                max_worker=max(count, int(str(described.get("maxWorkers", count)))),
+                synchronous="true",
+            )
+        except ManagementError:
+            return False
+        return isinstance(answer, dict) and str(answer.get("status", "")).startswith("Batching set")
+
     def unregister(self, model: str) -> None:
         self.call("DELETE", f"/models/{urllib.parse.quote(model)}")
 
@@ -82,11 +117,12 @@ class ManagementClient:
         return True
 
 
-def worker_memory(described: Mapping[str, Any]) -> int:
-    """Bytes of memory used by the model's workers (the describe API's ``memoryUsage``, summed)."""
+def worker_memory(described: Mapping[str, Any], key: str = "memoryUsage") -> int:
+    """Bytes of memory used by the model's workers (the describe API's ``memoryUsage``, or servetune's
+    ``gpuMemoryUsage``, summed; 0 when the server does not say)."""
     total = 0
     for worker in described.get("workers") or []:
-        value = worker.get("memoryUsage") if isinstance(worker, dict) else None
+        value = worker.get(key) if isinstance(worker, dict) else None
         if isinstance(value, (int, float)) and value > 0:
             total += int(value)
     return total

@@ -29,7 +29,7 @@ from servetune.tune.study import DEVICES, Budget, Family, Load, Objective, Sla, 
 
 TOP_KEYS = (
     "model", "archive", "input", "content_type", "form_field", "sla", "objective", "space", "load", "strategy",
-    "budget", "server", "model_config",
+    "budget", "server", "model_config", "backend", "ray_address",
 )  # fmt: skip
 SPACE_KEYS = ("optimizations", "devices", "workers", "batch_size", "batch_delay_ms")
 LOAD_KEYS = (

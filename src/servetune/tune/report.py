@@ -48,6 +48,7 @@ def trial_row(trial: Trial, study: Study) -> dict[str, Any]:
         "SLA pass": "pass" if verdict.passed else "fail",
         "SLA miss": verdict.reason,
         "Worker memory MB": round(trial.memory_bytes / 2**20, 1) if trial.memory_bytes else "",
+        "GPU memory MB": round(trial.gpu_memory_bytes / 2**20, 1) if trial.gpu_memory_bytes else "",
         "Status": trial.status,
         "Error": trial.error,
         "Setup s": trial.setup_s,
@@ -105,6 +106,8 @@ def _table(summaries: list[Summary], study: Study) -> list[str]:
     for s in summaries:
         errors = f"{100 * s.figures.error_rate:.2f}%" if s.figures else s.error or "n/a"
         memory = f"{s.memory_bytes / 2**20:.0f} MB" if s.memory_bytes else ""
+        if s.gpu_memory_bytes:
+            memory += f" + {s.gpu_memory_bytes / 2**20:.0f} MB GPU"
         verdict = "pass" if s.verdict.passed else f"fail: {s.verdict.reason}"
         lines.append(
             f"| {describe(s.config, study)} | {s.throughput_rps:.1f} req/s | {_p(s, 'p50_ms')} | {_p(s)} | "
@@ -120,6 +123,7 @@ def markdown(
     *,
     notes: list[str],
     serve_command: str | None = None,
+    ray_serve_config: Path | None = None,
     plots: list[str] | None = None,
 ) -> str:
     lines = [f"# Tuning {study.model}", "", headline(analysis, study), ""]
@@ -136,11 +140,16 @@ def markdown(
         lines += [f"- margin to the SLA: {'; '.join(margins)}"] if margins else []
         if serve_command:
             lines += [f"- deploy: `{serve_command}` (files in `deploy/`)"]
+        if ray_serve_config is not None:
+            lines += [
+                f"- or on a running Ray cluster: `serve deploy {ray_serve_config}` (also KubeRay's serveConfigV2)"
+            ]
         lines.append("")
     lines += [
         "## Study",
         "",
-        f"- SLA: {study.sla.describe()}; objective: {study.objective.kind}; strategy: {study.strategy.name}",
+        f"- SLA: {study.sla.describe()}; objective: {study.objective.kind}; strategy: {study.strategy.name}"
+        + (f"; server: Ray Serve ({study.ray_address or 'a local Ray instance'})" if study.backend == "ray" else ""),
         f"- space: {len(study.families)} famil{'y' if len(study.families) == 1 else 'ies'} "
         f"({', '.join(f.label for f in study.families)}), {study.size} configs; "
         f"{len({t.config for t in trials})} configs measured in {len(trials)} trials",

@@ -1,7 +1,8 @@
 """One trial: put the server in the proposed config (through the management API), load it, record everything.
 
 Reconfiguring is as cheap as the change allows: only the workers differ -> scale (works under load, no restart);
-the family, batch size or delay differ -> unregister and register again with the new settings.
+the batch size or delay differ -> change them in place (servetune's ``PUT /models/{name}?batch_size=``; a server
+that ignores it, TorchServe, gets the next option); the family differs -> unregister and register again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class TrialRunner:
         self._registered: tuple[str, int, int] | None = None  # (family, batch size, delay) being served
         self._workers = 0
         self._started = False
+        self._rebatch = True  # until the server shows it ignores in-place batching
 
     def run(self, proposal: Proposal, index: int) -> Trial:
         if not self._started:
@@ -62,6 +64,14 @@ class TrialRunner:
                 management.scale(name, config.workers)
                 self._workers = config.workers
             return
+        same_family = self._registered is not None and self._registered[0] == config.family
+        if self.target.can_rebatch and self._rebatch and (same_family or not self.target.can_register):
+            self._rebatch = management.rebatch(
+                name, batch_size=config.batch_size, max_batch_delay=config.batch_delay_ms, workers=config.workers
+            )
+            if self._rebatch:
+                self._registered, self._workers = wanted, config.workers
+                return
         if not self.target.can_register:
             # A server whose model API is off: only the workers move (the space was reduced to match).
             management.scale(name, config.workers)
@@ -108,10 +118,11 @@ class TrialRunner:
             clients = load.clients(config.workers, config.batch_size)
             result, extra, shape = self.bench(config, concurrency=clients), {}, {"concurrency": clients}
         try:
-            memory = worker_memory(self.target.management.describe(self.study.model))
+            described = self.target.management.describe(self.study.model)
         except ManagementError:
-            memory = 0
-        return make(status="ok", result=result, memory_bytes=memory, load=shape, **extra)
+            described = {}
+        memory, gpu_memory = worker_memory(described), worker_memory(described, "gpuMemoryUsage")
+        return make(status="ok", result=result, memory_bytes=memory, gpu_memory_bytes=gpu_memory, load=shape, **extra)
 
     def bench(self, config: Config, *, concurrency: int | None = None, rate: float | None = None) -> BenchResult:
         family = self.study.family(config.family)

@@ -56,6 +56,12 @@ class Space:
             nearest(family.batch_delays_ms, config.batch_delay_ms),
         )
 
+    def index(self, config: Config, axis: str) -> int:
+        """The position of ``config``'s value along ``axis`` among its family's values."""
+        family = self.family(config)
+        values = {"workers": family.workers, "batch_size": family.batch_sizes, "batch_delay_ms": family.batch_delays_ms}
+        return values[axis].index(getattr(config, axis))
+
     def step(self, config: Config, axis: str, delta: int) -> Config | None:
         """The config ``delta`` places along ``axis`` (workers, batch_size, batch_delay_ms), or None off the edge."""
         family = self.family(config)

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,9 @@ from servetune._exceptions import ConfigError
 
 FINGERPRINT_VERSION = 1
 DEVICES = ("cpu", "cuda")
+BACKENDS = ("native", "ray")
+BACKEND_KEYS = ("backend", "ray_address")  # servetune's form only; read here, for every trial's server
+_RAY_ADDRESS = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,8 @@ class Study:
     source: Path | None = None
     notes: tuple[str, ...] = ()
     default_config: Config | None = None  # overrides the default config (a server whose batch size is fixed)
+    backend: str = "native"  # the server trials run on: servetune's own, or Ray Serve (servetune serve --backend ray)
+    ray_address: str | None = None  # backend ray: a running cluster (HOST:PORT or auto); None: a private local one
 
     def family(self, label: str) -> Family:
         for family in (*self.families, self.baseline_family):
@@ -201,18 +207,32 @@ class Study:
         """Changes whenever a measurement could: the space, load, SLA, objective, strategy, archive and inputs.
         The budget is left out, so a study can be resumed with more of it."""
         data = dataclasses.asdict(self)
-        for key in ("budget", "notes", "source"):
+        for key in ("budget", "notes", "source", "ray_address"):  # a cluster's address may change between runs
             data.pop(key)
+        if self.backend == "native":  # as before the key existed: older checkpoints still resume
+            data.pop("backend")
         digests = {str(f.archive): _digest(f.archive) for f in (*self.families, self.baseline_family)}
         digests.update({str(f.input): _digest(f.input) for f in self.families if f.input is not None})
         payload = json.dumps([FINGERPRINT_VERSION, data, digests], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def with_overrides(
-        self, *, sla_p99_ms: float | None = None, budget_s: float | None = None, strategy: str | None = None
+        self,
+        *,
+        sla_p99_ms: float | None = None,
+        budget_s: float | None = None,
+        strategy: str | None = None,
+        backend: str | None = None,
+        ray_address: str | None = None,
     ) -> Study:
         """The study with command-line overrides applied (CLI > file)."""
         study = self
+        if backend is not None:  # --backend native leaves the study's cluster address unused
+            study = dataclasses.replace(
+                study, backend=backend, ray_address=None if backend == "native" else study.ray_address
+            )
+        if ray_address is not None:
+            study = dataclasses.replace(study, ray_address=ray_address)
         if sla_p99_ms is not None:
             study = dataclasses.replace(study, sla=dataclasses.replace(study.sla, p99_ms=sla_p99_ms))
         if budget_s is not None:
@@ -228,6 +248,7 @@ class Study:
 
     def validate(self) -> None:
         """Checks that span sections (each section checks itself as it is read)."""
+        check_backend(self)
         if any(f.load.mode == "capacity" for f in self.families) and self.sla.empty:
             raise ConfigError("load=capacity needs a latency SLA (sla.p99_ms, p95_ms or mean_ms, or --sla-p99)")
         if self.objective.kind == "cost":
@@ -235,6 +256,37 @@ class Study:
             for family in self.families:
                 if family.device not in priced:
                     raise ConfigError(f"objective.cost: no price for device {family.device!r} (space.devices lists it)")
+
+
+def check_backend(study: Study) -> None:
+    """``backend`` and ``ray_address``: known values, Ray only for servetune's form, and Ray installed."""
+    if study.backend not in BACKENDS:
+        raise ConfigError(f"backend={study.backend!r}: expected {' or '.join(BACKENDS)}")
+    if study.ray_address is not None:
+        match = _RAY_ADDRESS.match(study.ray_address)
+        if study.ray_address != "auto" and (match is None or not 0 < int(match.group(1)) < 65536):
+            raise ConfigError(
+                f"ray_address={study.ray_address!r}: expected HOST:PORT of a running Ray cluster's head "
+                "(its GCS port, 6379 by default), or auto"
+            )
+        if study.backend != "ray":
+            raise ConfigError(f"ray_address={study.ray_address!r}: only used with backend ray (backend is native)")
+    if study.backend != "ray":
+        return
+    if study.form != "servetune":
+        raise ConfigError(
+            "backend='ray': TorchServe's auto-benchmark form runs on the native server; "
+            "write a servetune study (docs/tune.md) to tune on Ray"
+        )
+    from servetune.config.server import ServerConfig
+    from servetune.ray import require_ray
+    from servetune.ray.driver import check_config
+
+    try:
+        check_config(ServerConfig.from_properties(dict(study.server)))
+    except ConfigError as exc:
+        raise ConfigError(f"server: {exc}") from None
+    require_ray()
 
 
 def _digest(path: Path) -> str:
@@ -274,6 +326,27 @@ def load_study(path: Path, *, devices: set[str] | None = None) -> Study:
     available = host_devices() if devices is None else devices
     from servetune.tune import native, torchserve
 
-    study: Study = (native if native.looks_like(raw) else torchserve).parse(raw, path, available)
+    if native.looks_like(raw):
+        backend = {key: raw[key] for key in BACKEND_KEYS if key in raw}
+        study: Study = native.parse({k: v for k, v in raw.items() if k not in BACKEND_KEYS}, path, available)
+        values = _backend(backend)
+        study = dataclasses.replace(
+            study, backend=values.get("backend", "native"), ray_address=values.get("ray_address")
+        )
+    else:
+        study = torchserve.parse(raw, path, available)
     study.validate()
     return study
+
+
+def _backend(raw: Mapping[str, Any]) -> dict[str, str]:
+    """The study file's ``backend`` (default native) and ``ray_address``, type-checked (values in ``validate``)."""
+    out: dict[str, str] = {}
+    for key in BACKEND_KEYS:
+        if key in raw:
+            value = raw[key]
+            if not isinstance(value, str) or not value.strip():
+                expected = "native or ray" if key == "backend" else "HOST:PORT of a running Ray cluster, or auto"
+                raise ConfigError(f"{key}={value!r}: expected {expected}")
+            out[key] = value.strip()
+    return out

@@ -1,10 +1,11 @@
-"""The server trials run on: an embedded ``servetune serve`` the tuner starts, or a server already running
-(``--url``), which only lets the tuner change what its management API can change."""
+"""The server trials run on: an embedded ``servetune serve`` the tuner starts (``--backend native`` or ``ray``), or a
+server already running (``--url``), which only lets the tuner change what its management API can change."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,7 +23,8 @@ class Target(Protocol):
     metrics_url: str | None
     inference_headers: dict[str, str]
     management: ManagementClient
-    can_register: bool
+    can_register: bool  # a model can be registered (another family, or batching where rebatch is not supported)
+    can_rebatch: bool  # batch size and delay change in place (servetune's PUT /models/{name}?batch_size=)
 
     def start(self) -> None: ...
 
@@ -41,6 +43,7 @@ class EmbeddedTarget:
     each family's archive folder is written there the first time a trial needs it."""
 
     can_register = True
+    can_rebatch = True
 
     def __init__(self, study: Study, out_dir: Path, *, echo: bool = False) -> None:
         self.study = study
@@ -55,12 +58,15 @@ class EmbeddedTarget:
         self.inference_headers: dict[str, str] = {}
         self.management = ManagementClient("http://127.0.0.1:1")
 
+    def properties(self) -> dict[str, str]:
+        """The server's config.properties: model API on, a queue deep enough for the widest config, the study's."""
+        widest = max(queue_size(max(f.workers), max(f.batch_sizes)) for f in self.study.families)
+        return {"enable_model_api": "true", "job_queue_size": str(widest), **self.study.server}
+
     def start(self) -> None:
         from servetune.server.embedded import EmbeddedServer
 
-        widest = max(queue_size(max(f.workers), max(f.batch_sizes)) for f in self.study.families)
-        properties = {"enable_model_api": "true", "job_queue_size": str(widest), **self.study.server}
-        self.server = EmbeddedServer(self.store, properties=properties, echo=self.echo).start()
+        self.server = EmbeddedServer(self.store, properties=self.properties(), echo=self.echo).start()
         self.inference_url = self.server.inference_url
         self.inference_headers = self.server.auth_headers("inference")
         self.management = ManagementClient(self.server.management_url, self.server.auth_headers("management"))
@@ -75,9 +81,40 @@ class EmbeddedTarget:
             self.server.stop()
 
 
+class EmbeddedRayTarget(EmbeddedTarget):
+    """``servetune serve --backend ray`` (model API on, management token on) on the study's ``ray_address``, or on a
+    private local Ray instance inside the server process (stopped with it). Families are registered from the same
+    ``store/`` as on the native server; there is no metrics API: the bench reads the X-Servetune-* response headers.
+    A local instance advertises enough CPUs for the widest config (Ray reserves ``numThreads`` CPUs per replica),
+    so that every config the study names can be placed, oversubscribed as on the native server."""
+
+    def start(self) -> None:
+        from servetune.ray.embedded import EmbeddedRayServer
+
+        properties = self.properties()
+        address = self.study.ray_address or "local"
+        threads = int(properties.get("threads_per_worker") or 1)
+        cpus = max(max(f.workers) * int(f.model_config.get("numThreads") or threads) for f in self.study.families)
+        num_cpus = max(os.cpu_count() or 1, cpus) if address == "local" else None
+        server = EmbeddedRayServer(self.store, properties=properties, ray_address=address, num_cpus=num_cpus,
+                                   echo=self.echo)  # fmt: skip
+        self.server = server.start()
+        self.inference_url = server.inference_url
+        self.metrics_url = None
+        self.inference_headers = server.auth_headers("inference")
+        self.management = ManagementClient(server.management_url, server.auth_headers("management"))
+
+
+def embedded_target(study: Study, out_dir: Path, *, echo: bool = False) -> EmbeddedTarget:
+    """The embedded server of the study's backend."""
+    target = EmbeddedRayTarget if study.backend == "ray" else EmbeddedTarget
+    return target(study, out_dir, echo=echo)
+
+
 class RemoteTarget:
-    """A running server. Scaling workers always works; batch size and delay need its model API (re-registering the
-    model from its own URL); optimization and device cannot change. Its settings are put back at the end."""
+    """A running server. Scaling workers always works; batch size and delay change in place on a servetune server,
+    and otherwise need its model API (re-registering the model from its own URL); optimization and device cannot
+    change. Its settings are put back at the end."""
 
     def __init__(
         self,
@@ -110,6 +147,7 @@ class RemoteTarget:
         self.model = model
         self.original: dict[str, object] = {}
         self.can_register = False
+        self.can_rebatch = False
 
     def start(self) -> None:
         if self.original:
@@ -120,6 +158,7 @@ class RemoteTarget:
             raise ServetuneError(f"--url: model {self.model!r} is not served there: {exc}") from None
         self.original = described
         self.can_register = self.management.model_api_enabled()
+        self.can_rebatch = self.management.rebatch_supported(self.model, described)
 
     def adapt(self, study: Study) -> tuple[Study, list[str]]:
         """The study reduced to what this server lets the tuner change."""
@@ -129,7 +168,9 @@ class RemoteTarget:
             study.families[0], label="served", optimization="as served", device=str(described.get("deviceType", "cpu"))
         )
         default = None
-        if not self.can_register:
+        if not self.can_register and self.can_rebatch:
+            notes.append("--url: the server's model API is off: batch size and delay change in place")
+        elif not self.can_register:
             notes.append("--url: the server's model API is off: only the number of workers is tuned")
             batch, delay = int(str(described.get("batchSize", 1))), int(str(described.get("maxBatchDelay", 100)))
             family = dataclasses.replace(family, batch_sizes=(batch,), batch_delays_ms=(delay,))
@@ -146,7 +187,11 @@ class RemoteTarget:
         batch, delay = self.original.get("batchSize"), self.original.get("maxBatchDelay")
         found = self.original.get("workers")
         workers = (len(found) if isinstance(found, list) else 0) or int(str(self.original.get("minWorkers", 1)))
-        if (described.get("batchSize"), described.get("maxBatchDelay")) != (batch, delay) and self.can_register:
+        if self.can_rebatch:
+            self.management.rebatch(
+                self.model, batch_size=int(str(batch)), max_batch_delay=int(str(delay)), workers=workers
+            )
+        elif (described.get("batchSize"), described.get("maxBatchDelay")) != (batch, delay) and self.can_register:
             self.management.unregister(self.model)
             self.management.register(
                 str(self.original["modelUrl"]), self.model, batch_size=int(str(batch)),

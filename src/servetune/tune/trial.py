@@ -42,7 +42,8 @@ class Trial:
     error: str = ""
     probes: tuple[Probe, ...] = ()
     capacity_rps: float | None = None
-    memory_bytes: int = 0
+    memory_bytes: int = 0  # the workers' resident memory, summed
+    gpu_memory_bytes: int = 0  # the workers' peak CUDA memory, summed (servetune servers only)
     setup_s: float = 0.0
     wall_s: float = 0.0
     started_at: str = ""
@@ -132,6 +133,7 @@ class Summary:
     figures: Figures | None
     verdict: Verdict
     memory_bytes: int
+    gpu_memory_bytes: int = 0
 
     @property
     def throughput_rps(self) -> float:
@@ -157,7 +159,8 @@ def summarise(config: Config, trials: Iterable[Trial], study: Study) -> Summary:
             sum(f.error_rate for f in measured) / n,
         )
     memory = max((t.memory_bytes for t in own), default=0)
-    return Summary(config, own, figures, judge(figures, config, study), memory)
+    gpu_memory = max((t.gpu_memory_bytes for t in own), default=0)
+    return Summary(config, own, figures, judge(figures, config, study), memory, gpu_memory)
 
 
 def summarise_all(trials: Iterable[Trial], study: Study) -> list[Summary]:

@@ -1,11 +1,15 @@
 """``adaptive``: ladders, then a hill climb, pruning what cannot win, then a re-measure of the top candidates.
 
 1. From the default config (1 worker, batch 1) of the first family, raise the batch size while the score rises,
-   then the workers at the best batch size while it rises ("more workers stop when throughput stops rising").
+   then the workers at the best batch size while it rises ("more workers stop when throughput stops rising");
+   a ladder stops after two steps in a row that do not rise, or one that misses the SLA.
 2. Measure every other family (optimization x device) at the best knobs so far.
 3. Climb: measure the unmeasured neighbours of the best config (one step on each knob, the two anti-diagonals,
-   the other families); move to the best; stop when no neighbour beats it by more than noise (``RISE``).
-4. Re-measure the top candidates.
+   the other families); move to the best; stop when no neighbour beats it by more than noise (``RISE``). Before a
+   move, the best and the challenger are measured a second time, and the move is taken only if it still wins on
+   the averages: a move costs a wave of trials, one lucky run should not buy it. After a move, a step that
+   clearly lost from the previous centre is not tried from the new one.
+4. Re-measure the top candidates (those not already measured twice).
 
 Pruned without measuring: a larger batch at the same family, workers and delay as a config whose median request
 already missed a latency limit (a tail miss may be noise, so it is measured; when the load makes the rule a sure
@@ -65,26 +69,70 @@ class AdaptiveSearch(Strategy):
         if not self.measured(config) and not self.pruned(config):
             yield Proposal(config, 0, reason)
 
+    def _confirm(self, config: Config, reason: str) -> Plan:
+        runs = sum(1 for t in self.trials if t.config == config)
+        if runs < 2:
+            yield Proposal(config, runs, reason)
+
     def _ladder(self, start: Config, axis: str) -> Walk:
-        """Step ``axis`` up from ``start`` while the score rises; return the best config of the walk."""
+        """Step ``axis`` up from ``start`` while the score rises; return the best config of the walk. One step that
+        does not rise is not enough to stop (a noisy run, or a knob that pays off only in pairs: two workers on two
+        cores under two clients): the step after it is measured too, and the ladder goes on from there if it rose."""
         current = start
+        label = f"{axis.replace('_', ' ')} ladder"
         while (following := self.space.step(current, axis, 1)) is not None and not self.pruned(following):
-            yield from self._measure(following, f"{axis.replace('_', ' ')} ladder")
+            yield from self._measure(following, label)
             if not better(self._verdict(following), self._verdict(current)):
-                break
+                beyond = self.space.step(following, axis, 1)
+                if (
+                    beyond is None
+                    or self.pruned(beyond)
+                    or self._verdict(following).score < 0 <= self._verdict(current).score
+                ):
+                    break  # off the edge, pruned, or the step already missed the SLA: no second chance
+                yield from self._measure(beyond, f"{label}, one step past a flat one")
+                if not better(self._verdict(beyond), self._verdict(current)):
+                    break
+                following = beyond
             current = following
         return current
 
     def _climb(self) -> Plan:
+        previous: Config | None = None
         while True:
             best = self._best()
-            wave = cheap_order(n for n in self.space.neighbours(best) if not self.measured(n) and not self.pruned(n))
+            wave = cheap_order(
+                n
+                for n in self.space.neighbours(best)
+                if not self.measured(n) and not self.pruned(n) and not self._lost_before(n, best, previous)
+            )
             if not wave:
                 return
             for config in wave:
                 yield from self._measure(config, f"neighbour of {best.key}")
-            if not better(self._verdict(self._best()), self._verdict(best)):
+            challenger = self._best()
+            if not better(self._verdict(challenger), self._verdict(best)):
                 return  # nothing beats it by more than noise: a local optimum
+            # A move costs a wave of trials: take it on two runs of each side, not on one lucky run.
+            for config in cheap_order([best, challenger]):
+                yield from self._confirm(config, f"confirm before moving from {best.key} to {challenger.key}")
+            if self._best() != challenger or not better(self._verdict(challenger), self._verdict(best)):
+                return
+            previous = best
+
+    def _lost_before(self, config: Config, best: Config, previous: Config | None) -> bool:
+        """After a move from ``previous`` to ``best``, the same step from ``previous`` was measured and clearly lost
+        to it: the knobs act alike at both points (they differ in one knob), so the step is not tried again."""
+        if previous is None or not config.family == best.family == previous.family:
+            return False
+        counterpart: Config | None = previous
+        for axis in ("workers", "batch_size", "batch_delay_ms"):
+            delta = self.space.index(config, axis) - self.space.index(best, axis)
+            if delta and counterpart is not None:
+                counterpart = self.space.step(counterpart, axis, delta)
+        if counterpart is None or counterpart in (previous, best) or not self.measured(counterpart):
+            return False
+        return better(self._verdict(previous), self._verdict(counterpart))
 
     # ---- what is known ---------------------------------------------------------------------------------
 

@@ -79,4 +79,6 @@ class Strategy:
         top = {s.config: s for s in passed if s.verdict.objective >= floor}
         chosen = list(top)[: self.study.strategy.remeasure]
         for config in cheap_order(chosen):
-            yield Proposal(config, len(top[config].trials), "re-measure a top candidate")
+            runs = len(top[config].trials)
+            if runs < 2:  # a config measured twice already (a strategy confirmed it) has had its second run
+                yield Proposal(config, runs, "re-measure a top candidate")

@@ -1,0 +1,139 @@
+"""A real Ray cluster for tests: a head and extra node processes on this machine, started with ``ray start`` and
+stopped by the process ids they started (never ``ray stop``, which would stop every Ray cluster on the machine).
+
+    from ray_cluster import cluster_fixture  # noqa: F401  (the module-scoped fixture ``cluster``)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+START_TIMEOUT_S = 120.0
+# Ray turns token authentication on when ~/.ray/auth_token exists (a local ray.init() writes one): say it for every
+# process of the test cluster, the driver included, so that the machine's history does not matter.
+AUTH_MODE = "disabled"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class LocalRayCluster:
+    """A head and extra node processes started with ``ray start``; stopped by the pids they started."""
+
+    def __init__(self, head_cpus: int = 2, node_cpus: tuple[int, ...] = (1,)) -> None:
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths are long
+        self.head_cpus = head_cpus
+        self.node_cpus = node_cpus
+        self.gcs_port = 0
+        self.address = ""
+        self.log: list[str] = []
+
+    def _ray_start(self, args: list[str]) -> None:
+        ports = _free_ports(5)
+        command = [
+            shutil.which("ray") or "ray",
+            "start",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={ports[0]}",
+            f"--dashboard-agent-grpc-port={ports[1]}",
+            f"--metrics-export-port={ports[2]}",
+            f"--runtime-env-agent-port={ports[3]}",
+            *args,
+        ]
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": AUTH_MODE}
+        env.pop("RAY_ADDRESS", None)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, env=env, check=False)
+        self.log.append(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+    def start(self) -> LocalRayCluster:
+        self.gcs_port, client_port, dashboard_port = _free_ports(3)
+        self._ray_start(
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--ray-client-server-port={client_port}",
+                f"--dashboard-port={dashboard_port}",
+                "--include-dashboard=false",
+                f"--num-cpus={self.head_cpus}",
+                "--num-gpus=0",
+                "--object-store-memory=200000000",
+                f"--temp-dir={self.temp_dir}",
+            ]
+        )
+        # the head advertises the machine's address, whatever --node-ip-address says: read it back
+        for line in self.log[-1].splitlines():
+            if "ray start --address='" in line:
+                self.address = line.split("--address='")[1].split("'")[0]
+        self.address = self.address or f"127.0.0.1:{self.gcs_port}"
+        for cpus in self.node_cpus:
+            self._ray_start(
+                [f"--address={self.address}", f"--num-cpus={cpus}", "--num-gpus=0", "--object-store-memory=100000000"]
+            )
+        return self
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of this cluster: those naming its temp dir or GCS port, and their descendants."""
+        marks = (str(self.temp_dir), f":{self.gcs_port}")
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if self.gcs_port and any(m in cmdline for m in marks):
+                found[proc.pid] = proc
+                try:
+                    found.update({c.pid: c for c in proc.children(recursive=True)})
+                except psutil.NoSuchProcess:
+                    pass
+        return [p for p in found.values() if p.pid != os.getpid()]
+
+    def stop(self) -> None:
+        procs = self.processes()
+        for proc in procs:
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", name="cluster")
+def cluster_fixture() -> Iterator[LocalRayCluster]:
+    """A head (2 CPUs) and a second node (1 CPU) for the test module."""
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = AUTH_MODE  # inherited by the driver subprocess
+    ray_cluster = LocalRayCluster()
+    try:
+        yield ray_cluster.start()
+    finally:
+        ray_cluster.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+    assert not ray_cluster.processes(), "Ray processes outlived the cluster"
