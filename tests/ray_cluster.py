@@ -59,6 +59,9 @@ class LocalRayCluster:
             *args,
         ]
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": AUTH_MODE}
+        # One proxy (the head's) takes every request here, where a real cluster has one per node behind a load
+        # balancer: without this, it would keep requests on the head's replicas while the other node's idle.
+        env["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
         env.pop("RAY_ADDRESS", None)
         done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, env=env, check=False)
         self.log.append(done.stdout + done.stderr)

@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from models import sleep_archive
-from servetune._exceptions import ConfigError
+from servetune._exceptions import ConfigError, ModelError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
 from servetune.ray import ModelPlan, plan_models, serve_config
@@ -164,3 +164,17 @@ def test_an_unreadable_start_up_model_is_reported_and_skipped(tmp_path: Path) ->
     assert "Model not found in model store: missing.mar" in reported[1][1]
     with pytest.raises(Exception, match="missing.mar"):
         plan_models(_config(tmp_path), ("gone=missing.mar",))
+
+
+def test_the_replica_queue_holds_two_batches_unless_the_model_config_says(tmp_path: Path) -> None:
+    sleep_archive(tmp_path, model_config={"batchSize": 4})
+    sleep_archive(tmp_path, name="one", model_config={"batchSize": 4, "rayOngoingBatches": 1})
+    sleep_archive(tmp_path, name="bad", model_config={"rayOngoingBatches": 0})
+    plans = plan_models(_config(tmp_path), ("sleep.mar", "one.mar"))
+    ongoing = {p.name: p.get(None).ongoing_batches for p in plans}
+    assert ongoing == {"sleep": 2, "one": 1}
+    apps = {app["name"]: app for app in serve_config(plans)["applications"][1:]}
+    assert apps["sleep"]["deployments"][0]["max_ongoing_requests"] == 8
+    assert apps["one"]["deployments"][0]["max_ongoing_requests"] == 4
+    with pytest.raises(ModelError, match=r"rayOngoingBatches=0: expected an integer 1\.\.64"):
+        plan_models(_config(tmp_path), ("bad.mar",))

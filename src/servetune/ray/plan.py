@@ -63,6 +63,7 @@ class VersionPlan:
     job_queue_size: int
     num_cpus: float = 1.0
     model_url: str = ""  # as registered (``resnet18.mar``): what the management API reports as modelUrl
+    ongoing_batches: int = 2  # batches' worth of requests a replica holds (model-config ``rayOngoingBatches``)
     # the batch size set in place (``PUT /models/{name}?batch_size=``), carried in ``user_config``; None: the
     # one the replicas load with (``spec.batch_size``, part of the application's args: changing it redeploys)
     rebatched: int | None = None
@@ -184,6 +185,10 @@ def plan_version(
     else:  # start-up models get a default; the register API's default is the configured value (0 if unset)
         min_workers = max_workers = default_workers(config) if loaded_at_startup else config.default_workers_per_model
     threads = model_config.num_threads or config.threads_per_worker or 1
+    ongoing = model_config.handler_config.get("rayOngoingBatches", 2)
+    if isinstance(ongoing, bool) or not isinstance(ongoing, int) or not 1 <= ongoing <= 64:
+        message = f"{archive_path}: model-config.yaml: rayOngoingBatches={ongoing!r}: expected an integer 1..64"
+        raise ModelError(message, 400, "BadRequestException")
     spec = ReplicaSpec(
         model_name=name,
         version=version,
@@ -208,6 +213,7 @@ def plan_version(
         job_queue_size=model_config.job_queue_size or config.job_queue_size,
         num_cpus=float(threads),
         model_url=url or str(archive_path),
+        ongoing_batches=ongoing,
     )
 
 
