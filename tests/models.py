@@ -16,6 +16,7 @@ SLEEP_HANDLER = textwrap.dedent(
     """
     import json
     import os
+    import sys
     import time
 
     def handle(data, context):
@@ -51,7 +52,9 @@ SLEEP_HANDLER = textwrap.dedent(
         for body in bodies:
             echo = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
             configured = context.system_properties.get("batch_size")
-            out.append({"batch_size": len(data), "configured": configured, "pid": os.getpid(), "echo": echo})
+            threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+            out.append({"batch_size": len(data), "configured": configured, "threads": threads, "pid": os.getpid(),
+                        "echo": echo})
         return out
     """
 )

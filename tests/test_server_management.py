@@ -240,3 +240,20 @@ def test_batching_changes_in_place_without_restarting_workers(tmp_path: Path, st
         assert refused.json()["type"] == "BadRequestException" or refused.json()["code"] == 400
     described = call("GET", f"{mgmt}/models/sleep").json()[0]
     assert (described["batchSize"], described["maxBatchDelay"], len(described["workers"])) == (2, 5, 2)
+
+
+def test_workers_share_the_cores_anew_after_scaling(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    # Threads per worker are automatic here (no threads_per_worker, no numThreads): physical cores // workers. A worker
+    # started alone keeps its threads when a second one joins unless the frontend tells it (it does, per batch).
+    from servetune.server.registry import physical_cores
+
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=50)
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    url, cores = f"{server.inference_url}/predictions/sleep", physical_cores()
+    assert call("POST", url, b"x").json()["threads"] == cores
+    first_pid = call("GET", f"{server.management_url}/models/sleep").json()[0]["workers"][0]["pid"]
+    assert call("PUT", f"{server.management_url}/models/sleep?min_worker=2&synchronous=true").status == 200
+    replies = [call("POST", url, f"{i}".encode()).json() for i in range(6)]
+    assert first_pid in {r["pid"] for r in replies}
+    assert {r["threads"] for r in replies} == {max(1, cores // 2)}, [(r["pid"], r["threads"]) for r in replies]

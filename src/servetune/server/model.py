@@ -76,6 +76,7 @@ class ServedModel:
         assign_gpu: Callable[[ModelConfig, int], int | None],
         on_batch: Callable[[ServedModel, int], None] | None = None,
         retry_on_worker_death: bool = False,
+        worker_threads: Callable[[ServedModel], int] | None = None,
     ) -> None:
         self.spec = spec
         self.config = spec.config
@@ -85,6 +86,7 @@ class ServedModel:
         self._worker_env = worker_env
         self._assign_gpu = assign_gpu
         self._on_batch = on_batch
+        self._worker_threads = worker_threads
         self._retry = retry_on_worker_death
         self._slots: list[WorkerSlot] = []
         self._next_slot = 0
@@ -157,7 +159,9 @@ class ServedModel:
             )
             blobs.extend(d for _, _, d in job.inputs)
         try:
-            frame = {"type": "predict", "batch": items, "batch_size": self.config.batch_size}
+            frame: dict[str, Any] = {"type": "predict", "batch": items, "batch_size": self.config.batch_size}
+            if self._worker_threads is not None:  # workers follow scaling: 1 worker x 2 threads -> 2 x 1 on 2 cores
+                frame["num_threads"] = self._worker_threads(self)
             header, bodies = await worker.run(frame, blobs, self.response_timeout_s)
         except WorkerTimeout as exc:
             log.error("model %s: %s; replacing the worker", self.name, exc)

@@ -90,11 +90,17 @@ class ModelRegistry:
 
     # ---- workers: threads and GPUs -----------------------------------------------------------
 
-    def _worker_env(self, model: ServedModel) -> tuple[int, dict[str, str]]:
+    def worker_threads(self, model: ServedModel) -> int:
+        """Intra-op threads for each of ``model``'s workers: its ``numThreads``, else ``threads_per_worker``, else
+        the physical cores shared by every worker of every model (so it changes as workers are scaled)."""
         threads = model.config.num_threads or self.config.threads_per_worker
         if not threads:
             total = sum(max(m.min_workers, m.ready_workers) for m in self.all_models()) or 1
             threads = max(1, physical_cores() // total)
+        return threads
+
+    def _worker_env(self, model: ServedModel) -> tuple[int, dict[str, str]]:
+        threads = self.worker_threads(model)
         env = dict(os.environ)
         env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"})
         return threads, env
@@ -184,6 +190,7 @@ class ModelRegistry:
                 response_timeout_s=config.response_timeout_s or self.config.default_response_timeout,
                 startup_timeout_s=config.startup_timeout_s or self.config.default_startup_timeout,
                 worker_env=self._worker_env,
+                worker_threads=self.worker_threads,
                 assign_gpu=self._assign_gpu,
                 on_batch=self.metrics.observe_batch,
             )

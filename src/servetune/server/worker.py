@@ -73,6 +73,9 @@ def _serve(sock: socket.socket, service: Any) -> None:
             continue
         if "batch_size" in header:  # the frontend may change it in place (PUT /models/{name}?batch_size=)
             service.context.system_properties["batch_size"] = int(header["batch_size"])
+        threads = header.get("num_threads")
+        if threads and (torch := sys.modules.get("torch")) is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(int(threads))  # the frontend shares the cores anew after scaling
         requests = []
         blob_iter = iter(blobs)
         for item in header["batch"]:
