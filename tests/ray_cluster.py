@@ -140,3 +140,12 @@ def cluster_fixture() -> Iterator[LocalRayCluster]:
         else:
             os.environ["RAY_AUTH_MODE"] = saved
     assert not ray_cluster.processes(), "Ray processes outlived the cluster"
+
+
+def run_cli_without_ray(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``servetune ARGS`` in a fresh interpreter where ``import ray`` fails as if Ray were not installed (a None entry
+    in sys.modules)."""
+    import sys
+
+    code = f"import sys; sys.modules['ray'] = None; from servetune.cli import main; main({args!r})"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from models import sleep_archive
+from ray_cluster import run_cli_without_ray
 from servetune._exceptions import ConfigError, ModelError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
@@ -142,12 +141,7 @@ def test_cli_writes_a_serve_deploy_config(tmp_path: Path) -> None:
 
 
 def test_without_ray_the_cli_says_how_to_install_it(tmp_path: Path) -> None:
-    # A None entry in sys.modules makes ``import ray`` fail as if Ray were not installed.
-    code = (
-        "import sys; sys.modules['ray'] = None; from servetune.cli import main; "
-        f"main(['serve', '--backend', 'ray', '--dt', '--model-store', {str(tmp_path)!r}])"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    done = run_cli_without_ray(["serve", "--backend", "ray", "--dt", "--model-store", str(tmp_path)])
     assert done.returncode == 2, done.stderr
     assert "pip install 'servetune[ray]'" in done.stderr
 

@@ -22,7 +22,7 @@ import yaml
 from servetune.config.properties import read_properties
 from servetune.server.embedded import EmbeddedServer
 from servetune.tune import Config, Remote, TuneResult, load_study, tune
-from tune_models import cost_archive, expected_closed_loop
+from tune_models import best_by_hand, cost_archive, expected_closed_loop
 
 A_MS, B_MS, SLOTS, SLA_MS = 100.0, 20.0, 2, 300.0
 SPACE = {"workers": [1, 2, 3], "batch_size": [1, 4, 16], "batch_delay_ms": [50]}
@@ -33,14 +33,7 @@ pytestmark = pytest.mark.slow  # about two minutes: real servers, worker process
 
 
 def by_hand(overhead_ms: float) -> Config:
-    """The best config meeting the SLA when every request also pays ``overhead_ms`` outside the model."""
-    feasible = []
-    for w in SPACE["workers"]:
-        for b in SPACE["batch_size"]:
-            throughput, latency = expected_closed_loop(A_MS + overhead_ms, B_MS, SLOTS, w, b)
-            if latency <= SLA_MS - 30:  # 30 ms for a noisy tail
-                feasible.append((throughput, Config("eager/cpu", w, b, 50)))
-    return max(feasible)[1]
+    return best_by_hand(SPACE, a_ms=A_MS, b_ms=B_MS, slots=SLOTS, sla_ms=SLA_MS, overhead_ms=overhead_ms)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install
 
 from ray_cluster import LocalRayCluster, cluster_fixture  # noqa: E402, F401
 from servetune.tune import Config  # noqa: E402
-from tune_models import cost_archive, expected_closed_loop  # noqa: E402
+from tune_models import best_by_hand, cost_archive  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +39,7 @@ BEST = Config("eager/cpu", 2, 4, 50)
 
 
 def by_hand(overhead_ms: float) -> Config:
-    """The best config meeting the SLA when every request also pays ``overhead_ms`` outside the model."""
-    feasible = []
-    for w in SPACE["workers"]:
-        for b in SPACE["batch_size"]:
-            throughput, latency = expected_closed_loop(A_MS + overhead_ms, B_MS, SLOTS, w, b)
-            if latency <= SLA_MS - 30:  # 30 ms for a noisy tail
-                feasible.append((throughput, Config("eager/cpu", w, b, 50)))
-    return max(feasible)[1]
+    return best_by_hand(SPACE, a_ms=A_MS, b_ms=B_MS, slots=SLOTS, sla_ms=SLA_MS, overhead_ms=overhead_ms)
 
 
 class Tuned:

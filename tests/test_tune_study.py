@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from ray_cluster import run_cli_without_ray
 from servetune._exceptions import ConfigError
 from servetune.tune import load_study
 from servetune.tune._values import duration
@@ -307,13 +306,8 @@ def test_command_line_backend_overrides_are_validated(files: Path) -> None:
 
 
 def test_without_ray_a_ray_study_says_how_to_install_it(files: Path) -> None:
-    # A None entry in sys.modules makes ``import ray`` fail as if Ray were not installed.
     path = write(files, native())
-    code = (
-        "import sys; sys.modules['ray'] = None; from servetune.cli import main; "
-        f"main(['tune', {str(path)!r}, '--backend', 'ray', '--out', {str(files / 'out')!r}])"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    done = run_cli_without_ray(["tune", str(path), "--backend", "ray", "--out", str(files / "out")])
     assert done.returncode == 2, done.stderr
     assert "pip install 'servetune[ray]'" in done.stderr
     assert not (files / "out").exists()  # refused before any trial
