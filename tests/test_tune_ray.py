@@ -1,10 +1,11 @@
 """``servetune tune --backend ray`` end to end on a real two-node Ray cluster (``ray_cluster.py``), with the model
-whose cost is known (``tune_models.py``): each batch costs 100 ms + 20 ms x batch size, at most 2 batches at once.
+whose cost is known (``tune_models.py``): each batch costs 200 ms + 40 ms x batch size, at most 2 batches at once.
 
-Clients = batch size x workers (closed loop), workers [1, 2] x batch [1, 2, 4], SLA P99 <= 400 ms. By hand
-(``expected_closed_loop``, as in test_tune_e2e.py): 2 workers x batch 4 serve 44 req/s in 180 ms; everything else
-serves at most 29 req/s, with or without a few tens of ms of Ray's proxy per request. (The SLA is looser than
-test_tune_e2e.py's 300 ms: on 2 busy cores Ray's proxy, router and node processes add ~75 ms at P99.)
+Clients = batch size x workers (closed loop), workers [1, 2] x batch [1, 2, 4], SLA P99 <= 800 ms. By hand
+(``expected_closed_loop``, as in test_tune_e2e.py): 2 workers x batch 4 serve 22 req/s in 360 ms; everything else
+serves at most 14 req/s, with or without 150 ms of Ray's proxy per request. The model is slower and the SLA looser
+than test_tune_e2e.py's: Ray's proxy, router and node processes cost CPU per request, and on 2 busy cores a CI run
+at twice this rate measured 2 workers x batch 4 at 26 req/s, P99 499 ms (58% and 2.8x of the model's own figures).
 
 The tuner starts ``servetune serve --backend ray`` on the cluster, registers the family's archive, changes batching
 in place and scales replicas between trials, then writes the winner as a ``serve deploy`` file too.
@@ -33,7 +34,7 @@ from tune_models import best_by_hand, cost_archive  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-A_MS, B_MS, SLOTS, SLA_MS = 100.0, 20.0, 2, 400.0
+A_MS, B_MS, SLOTS, SLA_MS = 200.0, 40.0, 2, 800.0
 SPACE = {"workers": [1, 2], "batch_size": [1, 2, 4], "batch_delay_ms": [50]}
 BEST = Config("eager/cpu", 2, 4, 50)
 
@@ -63,6 +64,10 @@ def tuned(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) ->
         "space": SPACE,
         "load": {"duration": "1.5s", "warmup": "0.3s"},
         "strategy": {"name": "grid", "remeasure": 1},
+        # A replica holds one batch: with two (the default), Ray's router may queue a batch behind a busy replica
+        # while the other idles, and this closed loop has exactly one batch per replica (2 x batch 1 measured
+        # P90 482 ms, two model calls, instead of 240 ms).
+        "model_config": {"rayOngoingBatches": 1},
     }
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(study))
@@ -76,7 +81,7 @@ def tuned(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def test_the_hand_computed_best_is_robust_to_serving_overhead() -> None:
-    assert by_hand(0) == by_hand(45) == BEST
+    assert by_hand(0) == by_hand(150) == BEST
 
 
 def test_tuning_on_ray_finds_the_hand_computed_best(tuned: Tuned) -> None:
