@@ -121,7 +121,8 @@ def test_the_winner_is_written_as_a_schema_valid_ray_serve_config(tuned: Tuned) 
 
 
 def test_without_an_address_the_trials_run_on_a_private_local_instance(tmp_path: Path) -> None:
-    """``backend: ray`` in the study file, no address: a Ray instance inside the tuner's server, gone with it."""
+    """``backend: ray`` in the study file, no address: a Ray instance inside the tuner's server, gone with it. The
+    study does not say how many batches a replica holds: both 1 and 2 are measured, and the winner's is deployed."""
     from servetune.tune import load_study, tune
 
     model = cost_archive(tmp_path / "store", tmp_path / "locks", a_ms=20, b_ms=5, slots=2)
@@ -152,10 +153,17 @@ def test_without_an_address_the_trials_run_on_a_private_local_instance(tmp_path:
     finally:
         done.set()
         watcher.join()
-    assert [t.status for t in result.trials] == ["ok", "ok"], [t.error for t in result.trials]
+    assert [t.status for t in result.trials] == ["ok", "ok", "ok"], [t.error for t in result.trials]
     assert all(t.result is not None and t.result.failed == 0 for t in result.trials)
+    assert [t.config.key for t in result.trials] == ["eager/cpu/q2|w1|b1|d20", "eager/cpu/q1|w1|b2|d20",
+                                                     "eager/cpu/q2|w1|b2|d20"]  # fmt: skip
     assert "server: Ray Serve (a local Ray instance)" in (tmp_path / "out" / "report.md").read_text()
     assert result.deployment is not None and result.deployment.ray_serve_config is not None
+    assert result.analysis.winner is not None
+    held = result.study.family(result.analysis.winner.config.family).ongoing_batches
+    written = yaml.safe_load(result.deployment.ray_serve_config.read_text())
+    [app] = [a for a in written["applications"] if a["name"] == "cost"]
+    assert held in (1, 2) and app["deployments"][0]["max_ongoing_requests"] == 2 * held  # batch 2 x batches held
 
     def leftovers() -> list[str]:
         found = []

@@ -311,3 +311,49 @@ def test_without_ray_a_ray_study_says_how_to_install_it(files: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "pip install 'servetune[ray]'" in done.stderr
     assert not (files / "out").exists()  # refused before any trial
+
+
+def test_on_ray_the_batches_a_replica_holds_are_searched_unless_the_study_sets_them(files: Path) -> None:
+    if not HAS_RAY:
+        pytest.skip("Ray is not installed")
+    from servetune.tune.archives import trial_model_config
+
+    study = load_study(write(files, native(backend="ray")), devices={"cpu"})
+    assert [f.label for f in study.families] == ["eager/cpu"]  # as written; the tuner expands it
+    searched = study.for_backend()
+    assert [(f.label, f.ongoing_batches) for f in searched.families] == [("eager/cpu/q1", 1), ("eager/cpu/q2", 2)]
+    assert searched.size == 2 * study.size and searched.for_backend() == searched
+    assert searched.baseline.family == "eager/cpu/q2"  # the default deployment: the server's default, 2
+    assert trial_model_config({}, searched.families[0])["rayOngoingBatches"] == 1
+    assert searched.fingerprint() != study.fingerprint()
+    on_native = study.with_overrides(backend="native")  # the knob does not exist there
+    assert on_native.for_backend() is on_native
+
+    listed = load_study(write(files, native(backend="ray", space={**native()["space"], "ray_ongoing_batches": 4})),
+                        devices={"cpu"}).for_backend()  # fmt: skip
+    assert [f.label for f in listed.families] == ["eager/cpu/q4"]
+    assert listed.baseline.family == "eager/cpu" and listed.baseline_family.ongoing_batches is None
+    pinned = load_study(write(files, native(backend="ray", model_config={"rayOngoingBatches": 1})), devices={"cpu"})
+    assert pinned.for_backend() == pinned
+
+    ignored = load_study(write(files, native(space={**native()["space"], "ray_ongoing_batches": [1, 2]})),
+                         devices={"cpu"}).for_backend()  # fmt: skip
+    assert [f.label for f in ignored.families] == ["eager/cpu"]
+    assert any("space.ray_ongoing_batches ignored" in note for note in ignored.notes)
+
+
+@pytest.mark.parametrize(
+    ("space", "model_config", "pattern"),
+    [
+        ({"ray_ongoing_batches": [0, 1]}, {}, r"^space.ray_ongoing_batches\[0\]=0: expected"),
+        ({"ray_ongoing_batches": [1, 65]}, {}, r"^space.ray_ongoing_batches=\[1, 65\]: expected whole numbers 1..64$"),
+        ({"ray_ongoing_batches": [1]}, {"rayOngoingBatches": 2}, r"^space.ray_ongoing_batches and model_config.ray"),
+    ],
+)
+def test_invalid_ray_queue_depths_are_refused(
+    files: Path, space: dict[str, Any], model_config: dict[str, Any], pattern: str
+) -> None:
+    changes: dict[str, Any] = {"space": {**native()["space"], **space}}
+    if model_config:
+        changes["model_config"] = model_config
+    refused(files, native(**changes), pattern)

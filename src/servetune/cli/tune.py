@@ -79,6 +79,8 @@ def command(
     )
     out = out or study_file.with_name(f"{study_file.stem}-tune")
     remote = Remote(url, management_url, metrics_url, key_file) if url else None
+    if remote is None:
+        study = study.for_backend()  # the space as it is searched (Ray adds a knob), for the line below
     console.print(
         f"tuning {study.model}: {study.size} configs, {study.sla.describe()}, strategy {study.strategy.name}, "
         f"budget {study.budget.describe()}{on_ray(study, remote is not None)} -> {out}",

@@ -21,6 +21,7 @@ from servetune.config.model import ModelConfig, models_json_entry
 from servetune.config.server import ServerConfig
 
 FRONTEND_APP = "servetune"
+ONGOING_BATCHES = 2  # batches' worth of requests a replica holds by default: one running, one forming
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class VersionPlan:
     job_queue_size: int
     num_cpus: float = 1.0
     model_url: str = ""  # as registered (``resnet18.mar``): what the management API reports as modelUrl
-    ongoing_batches: int = 2  # batches' worth of requests a replica holds (model-config ``rayOngoingBatches``)
+    ongoing_batches: int = ONGOING_BATCHES  # model-config ``rayOngoingBatches``
     # the batch size set in place (``PUT /models/{name}?batch_size=``), carried in ``user_config``; None: the
     # one the replicas load with (``spec.batch_size``, part of the application's args: changing it redeploys)
     rebatched: int | None = None
@@ -185,7 +186,7 @@ def plan_version(
     else:  # start-up models get a default; the register API's default is the configured value (0 if unset)
         min_workers = max_workers = default_workers(config) if loaded_at_startup else config.default_workers_per_model
     threads = model_config.num_threads or config.threads_per_worker or 1
-    ongoing = model_config.handler_config.get("rayOngoingBatches", 2)
+    ongoing = model_config.handler_config.get("rayOngoingBatches", ONGOING_BATCHES)
     if isinstance(ongoing, bool) or not isinstance(ongoing, int) or not 1 <= ongoing <= 64:
         message = f"{archive_path}: model-config.yaml: rayOngoingBatches={ongoing!r}: expected an integer 1..64"
         raise ModelError(message, 400, "BadRequestException")

@@ -63,6 +63,8 @@ def trial_model_config(base: Mapping[str, Any], family: Family) -> dict[str, Any
     config["deviceType"] = "gpu" if family.device == "cuda" else "cpu"
     if family.gpus:
         config["deviceIds"] = list(range(family.gpus))
+    if family.ongoing_batches is not None:
+        config["rayOngoingBatches"] = family.ongoing_batches
     return config
 
 

@@ -70,6 +70,7 @@ def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: 
         notes += remote_notes
         target = remote_target
     else:
+        study = study.for_backend()
         target = embedded_target(study, out_dir)
     for note in (*study.notes, *notes):
         console.print(f"[yellow]note:[/] {note}", highlight=False)

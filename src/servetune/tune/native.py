@@ -11,6 +11,7 @@ space:
   workers: [1, 2, 4]
   batch_size: [1, 2, 4, 8]
   batch_delay_ms: [10, 50]
+  ray_ongoing_batches: [1, 2]   # backend ray: batches a replica holds (default: both searched)
 load: capacity                  # or {concurrency: 16}; default: clients = batch size x workers
 strategy: adaptive              # or grid; {name: adaptive, remeasure: 3}
 budget: 20m                     # or {time: 20m, trials: 40}
@@ -31,7 +32,7 @@ TOP_KEYS = (
     "model", "archive", "input", "content_type", "form_field", "sla", "objective", "space", "load", "strategy",
     "budget", "server", "model_config", "backend", "ray_address",
 )  # fmt: skip
-SPACE_KEYS = ("optimizations", "devices", "workers", "batch_size", "batch_delay_ms")
+SPACE_KEYS = ("optimizations", "devices", "workers", "batch_size", "batch_delay_ms", "ray_ongoing_batches")
 LOAD_KEYS = (
     "mode", "concurrency", "factor", "requests", "duration", "warmup", "arrival", "steps", "engine", "timeout",
 )  # fmt: skip
@@ -79,6 +80,15 @@ def parse(raw: Mapping[str, Any], source: Path, devices: set[str]) -> Study:
     workers = v.integers("space.workers", space.get("workers", [1]))
     batch_sizes = v.integers("space.batch_size", space.get("batch_size", [1]))
     delays = v.integers("space.batch_delay_ms", space.get("batch_delay_ms", [100]), minimum=0)
+    ongoing: tuple[int, ...] = ()
+    if "ray_ongoing_batches" in space:
+        ongoing = v.integers("space.ray_ongoing_batches", space["ray_ongoing_batches"])
+        if ongoing[-1] > 64:
+            raise v.fail("space.ray_ongoing_batches", space["ray_ongoing_batches"], "whole numbers 1..64")
+        if "rayOngoingBatches" in model_config:
+            raise ConfigError(
+                "space.ray_ongoing_batches and model_config.rayOngoingBatches: set one (a list to search, or one value)"
+            )
     load = parse_load(raw.get("load"))
     families = tuple(
         Family(
@@ -113,6 +123,7 @@ def parse(raw: Mapping[str, Any], source: Path, devices: set[str]) -> Study:
         form="servetune",
         source=source.resolve(),
         notes=tuple(notes),
+        ray_ongoing_batches=ongoing,
     )
 
 

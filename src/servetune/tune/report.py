@@ -20,9 +20,11 @@ TUNE_COLUMNS = (
 
 def describe(config: Config, study: Study) -> str:
     family = study.family(config.family)
+    held = family.ongoing_batches
     return (
         f"{family.optimization} on {family.device}, {config.workers} worker{'s' if config.workers > 1 else ''}, "
         f"batch {config.batch_size}, delay {config.batch_delay_ms} ms"
+        + ("" if held is None else f", replicas hold {held} batch{'es' if held > 1 else ''}")
     )
 
 

@@ -21,6 +21,7 @@ import yaml
 from servetune._exceptions import ConfigError
 
 FINGERPRINT_VERSION = 1
+RAY_ONGOING_BATCHES = (1, 2)  # searched on Ray unless the study says otherwise
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("native", "ray")
 BACKEND_KEYS = ("backend", "ray_address")  # servetune's form only; read here, for every trial's server
@@ -127,6 +128,7 @@ class Family:
     form_field: str | None = None
     gpus: int | None = None  # how many GPUs workers may use (None: all)
     model_config: Mapping[str, Any] = field(default_factory=dict)  # extra model-config.yaml keys for the handler
+    ongoing_batches: int | None = None  # backend ray: batches a replica holds (rayOngoingBatches); None: the default
 
     @property
     def size(self) -> int:
@@ -184,6 +186,7 @@ class Study:
     default_config: Config | None = None  # overrides the default config (a server whose batch size is fixed)
     backend: str = "native"  # the server trials run on: servetune's own, or Ray Serve (servetune serve --backend ray)
     ray_address: str | None = None  # backend ray: a running cluster (HOST:PORT or auto); None: a private local one
+    ray_ongoing_batches: tuple[int, ...] = ()  # space.ray_ongoing_batches; () searches RAY_ONGOING_BATCHES on Ray
 
     def family(self, label: str) -> Family:
         for family in (*self.families, self.baseline_family):
@@ -211,10 +214,42 @@ class Study:
             data.pop(key)
         if self.backend == "native":  # as before the key existed: older checkpoints still resume
             data.pop("backend")
+        if not self.ray_ongoing_batches:  # likewise
+            data.pop("ray_ongoing_batches")
+        for family in (*data["families"], data["baseline_family"]):
+            if family["ongoing_batches"] is None:
+                family.pop("ongoing_batches")
         digests = {str(f.archive): _digest(f.archive) for f in (*self.families, self.baseline_family)}
         digests.update({str(f.input): _digest(f.input) for f in self.families if f.input is not None})
         payload = json.dumps([FINGERPRINT_VERSION, data, digests], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def for_backend(self) -> Study:
+        """The study as its backend runs it. On Ray, how many batches a replica holds is a knob of its own (Ray's
+        router may queue a batch behind a busy replica while another idles; holding two keeps a busy one fed): each
+        family is searched with every value of ``space.ray_ongoing_batches`` (default 1 and 2) unless the study's
+        model_config sets ``rayOngoingBatches``. The default config keeps the server's default (2)."""
+        from servetune.ray.plan import ONGOING_BATCHES
+
+        if self.backend != "ray":
+            if not self.ray_ongoing_batches:
+                return self
+            note = "space.ray_ongoing_batches ignored: the native server's workers take one batch at a time"
+            return dataclasses.replace(self, ray_ongoing_batches=(), notes=(*self.notes, note))
+        if any(f.ongoing_batches is not None for f in self.families):
+            return self  # already expanded
+        if any("rayOngoingBatches" in f.model_config for f in self.families):
+            return self  # set by hand
+        values = self.ray_ongoing_batches or RAY_ONGOING_BATCHES
+
+        def held(family: Family, n: int) -> Family:
+            return dataclasses.replace(family, label=f"{family.label}/q{n}", ongoing_batches=n)
+
+        families = tuple(held(f, n) for f in self.families for n in values)
+        baseline = self.baseline_family
+        if ONGOING_BATCHES in values:
+            baseline = held(baseline, ONGOING_BATCHES)
+        return dataclasses.replace(self, families=families, baseline_family=baseline)
 
     def with_overrides(
         self,
