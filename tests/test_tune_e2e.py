@@ -198,10 +198,12 @@ def test_url_mode_tunes_a_running_server_in_place(tmp_path: Path, model: Path, s
         return found
 
     before = described()
-    path = study_file(tmp_path, model, space={"workers": [1, 2], "batch_size": [1, 4]}, strategy="adaptive")
+    space = {"workers": [1, 2], "batch_size": [1, 4], "ray_ongoing_batches": [1, 2]}
+    path = study_file(tmp_path, model, space=space, strategy="adaptive")
     result = tune(load_study(path), tmp_path / "o", remote=Remote(server.inference_url, server.management_url))
     # The model API is off, but servetune changes batching in place: batch sizes are tuned too, no re-registering.
     assert any("batch size and delay change in place" in note for note in result.notes)
+    assert any("space.ray_ongoing_batches ignored" in note for note in result.notes)  # the server keeps its own
     assert {t.config.batch_size for t in result.trials} == {1, 4}
     assert result.analysis.winner is not None and result.analysis.winner.config.key == "served|w2|b4|d100"
     after = described()  # put back as it was found: same batching, one worker, the very same process

@@ -164,6 +164,8 @@ class RemoteTarget:
         """The study reduced to what this server lets the tuner change."""
         described = self.original
         notes = ["--url: optimization and device stay as the server has them"]
+        if study.ray_ongoing_batches:
+            notes.append("--url: space.ray_ongoing_batches ignored: a replica holds what the server was deployed with")
         family = dataclasses.replace(
             study.families[0], label="served", optimization="as served", device=str(described.get("deviceType", "cpu"))
         )
@@ -175,7 +177,9 @@ class RemoteTarget:
             batch, delay = int(str(described.get("batchSize", 1))), int(str(described.get("maxBatchDelay", 100)))
             family = dataclasses.replace(family, batch_sizes=(batch,), batch_delays_ms=(delay,))
             default = Config("served", 1, batch, delay)
-        adapted = dataclasses.replace(study, families=(family,), baseline_family=family, default_config=default)
+        adapted = dataclasses.replace(
+            study, families=(family,), baseline_family=family, default_config=default, ray_ongoing_batches=()
+        )
         return adapted, notes
 
     def archive_url(self, family: Family) -> str:
