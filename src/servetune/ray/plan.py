@@ -22,6 +22,7 @@ from servetune.config.server import ServerConfig
 
 FRONTEND_APP = "servetune"
 ONGOING_BATCHES = 2  # batches' worth of requests a replica holds by default: one running, one forming
+MAX_ONGOING_BATCHES = 64
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,11 @@ def plan_version(
         min_workers = max_workers = default_workers(config) if loaded_at_startup else config.default_workers_per_model
     threads = model_config.num_threads or config.threads_per_worker or 1
     ongoing = model_config.handler_config.get("rayOngoingBatches", ONGOING_BATCHES)
-    if isinstance(ongoing, bool) or not isinstance(ongoing, int) or not 1 <= ongoing <= 64:
-        message = f"{archive_path}: model-config.yaml: rayOngoingBatches={ongoing!r}: expected an integer 1..64"
+    if isinstance(ongoing, bool) or not isinstance(ongoing, int) or not 1 <= ongoing <= MAX_ONGOING_BATCHES:
+        message = (
+            f"{archive_path}: model-config.yaml: rayOngoingBatches={ongoing!r}: "
+            f"expected an integer 1..{MAX_ONGOING_BATCHES}"
+        )
         raise ModelError(message, 400, "BadRequestException")
     spec = ReplicaSpec(
         model_name=name,

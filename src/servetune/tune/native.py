@@ -82,9 +82,12 @@ def parse(raw: Mapping[str, Any], source: Path, devices: set[str]) -> Study:
     delays = v.integers("space.batch_delay_ms", space.get("batch_delay_ms", [100]), minimum=0)
     ongoing: tuple[int, ...] = ()
     if "ray_ongoing_batches" in space:
+        from servetune.ray.plan import MAX_ONGOING_BATCHES
+
         ongoing = v.integers("space.ray_ongoing_batches", space["ray_ongoing_batches"])
-        if ongoing[-1] > 64:
-            raise v.fail("space.ray_ongoing_batches", space["ray_ongoing_batches"], "whole numbers 1..64")
+        if ongoing[-1] > MAX_ONGOING_BATCHES:
+            expected = f"whole numbers 1..{MAX_ONGOING_BATCHES}"
+            raise v.fail("space.ray_ongoing_batches", space["ray_ongoing_batches"], expected)
         if "rayOngoingBatches" in model_config:
             raise ConfigError(
                 "space.ray_ongoing_batches and model_config.rayOngoingBatches: set one (a list to search, or one value)"
