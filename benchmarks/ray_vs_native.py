@@ -26,8 +26,7 @@ sys.path.insert(0, str(ROOT / "examples" / "resnet18"))
 from make_archive import build, sample_image  # noqa: E402
 
 from servetune.bench import BenchResult, BenchSpec, run_bench  # noqa: E402
-from servetune.ray.embedded import EmbeddedRayServer  # noqa: E402
-from servetune.server.embedded import EmbeddedServer  # noqa: E402
+from servetune.embedded import EmbeddedServer  # noqa: E402
 
 
 def properties(workers: int, batch: int, delay_ms: int, threads: int) -> dict[str, str]:
@@ -91,7 +90,7 @@ def main() -> None:
         models = {"resnet18": "resnet18.mar"}
         backends: dict[str, Callable[[], EmbeddedServer]] = {
             "native": lambda: EmbeddedServer(store, models, props),
-            "ray": lambda: EmbeddedRayServer(store, models, props, ray_address=args.ray_address),
+            "ray": lambda: EmbeddedServer(store, models, props, backend="ray", ray_address=args.ray_address),
         }
         results: dict[str, list[BenchResult]] = {"native": [], "ray": []}
         for r in range(args.repeats):

@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "examples" / "resnet18"))
 from make_archive import build, sample_image  # noqa: E402
 
 from servetune.bench import BenchSpec, run_bench  # noqa: E402
+from servetune.embedded import EmbeddedServer  # noqa: E402
 from servetune.handlers.image_classifier import ImageClassifier  # noqa: E402
-from servetune.server.embedded import EmbeddedServer  # noqa: E402
 
 
 def bare_loop(image_bytes: bytes, batch: int, threads: int, seconds: float) -> float:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from models import sleep_archive  # noqa: E402
-from servetune.server.embedded import EmbeddedServer  # noqa: E402
+from servetune.embedded import EmbeddedServer  # noqa: E402
 
 MALFORMED = b'--b\r\nContent-Disposition: form-data; name="data"\r\n\r\nno closing boundary'
 KINDS = [  # (weight, name)

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from servetune.server.embedded import EmbeddedServer
+from servetune.embedded import EmbeddedServer
 
 
 class RunningServer(EmbeddedServer):

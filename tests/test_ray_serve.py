@@ -28,7 +28,7 @@ pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install
 from models import sleep_archive  # noqa: E402
 from ray_cluster import START_TIMEOUT_S, LocalRayCluster, cluster_fixture  # noqa: E402, F401
 from servetune.bench import BenchSpec, run_bench  # noqa: E402
-from servetune.ray.embedded import EmbeddedRayServer  # noqa: E402
+from servetune.embedded import EmbeddedServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -63,16 +63,17 @@ def _wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.5) 
 
 
 @pytest.fixture(scope="module")
-def server(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRayServer]:
+def server(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     store = tmp_path_factory.mktemp("store")
     sleep_archive(store, batch_ms=30, model_config={"batchSize": 4, "maxBatchDelay": 150})
     sleep_archive(store, name="other", batch_ms=1)
     sleep_archive(store, name="late", batch_ms=1)
     properties = {"disable_token_authorization": "true", "default_workers_per_model": "1", "enable_model_api": "true"}
-    running = EmbeddedRayServer(
+    running = EmbeddedServer(
         store,
         {"sleep": "sleep.mar", "other": "other.mar"},
         properties,
+        backend="ray",
         ray_address=cluster.address,
         workdir=tmp_path_factory.mktemp("driver"),
         startup_timeout=START_TIMEOUT_S,
@@ -84,7 +85,7 @@ def server(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -
 
 
 class Client:
-    def __init__(self, server: EmbeddedRayServer) -> None:
+    def __init__(self, server: EmbeddedServer) -> None:
         self.inference = server.inference_url
         self.management = server.management_url
 
@@ -107,7 +108,7 @@ class Client:
         assert (status, answer) == (200, {"status": f"Workers scaled to {workers} for model: sleep"})
 
 
-def test_serves_predictions_and_torchserve_errors(server: EmbeddedRayServer) -> None:
+def test_serves_predictions_and_torchserve_errors(server: EmbeddedServer) -> None:
     client = Client(server)
     assert server.output.count("Model server started.") == 1
     status, headers, body = client.predict(b"hello")
@@ -132,7 +133,7 @@ def test_serves_predictions_and_torchserve_errors(server: EmbeddedRayServer) -> 
     assert _get(f"{client.inference}/nowhere")[0] == 404
 
 
-def test_requests_are_batched_up_to_batch_size(server: EmbeddedRayServer) -> None:
+def test_requests_are_batched_up_to_batch_size(server: EmbeddedServer) -> None:
     client = Client(server)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda i: client.predict(f"b{i}".encode()), range(8)))
@@ -142,7 +143,7 @@ def test_requests_are_batched_up_to_batch_size(server: EmbeddedRayServer) -> Non
     assert all(json.loads(body)["batch_size"] == size for (_, _, body), size in zip(results, sizes, strict=True))
 
 
-def test_bench_measures_the_ray_backend_unchanged(server: EmbeddedRayServer) -> None:
+def test_bench_measures_the_ray_backend_unchanged(server: EmbeddedServer) -> None:
     spec = BenchSpec(
         url=f"{server.inference_url}/predictions/sleep",
         content_type="text/plain",
@@ -156,7 +157,7 @@ def test_bench_measures_the_ray_backend_unchanged(server: EmbeddedRayServer) -> 
     assert result.labels["batch_size"] == "4" and result.labels["workers"] == "1"
 
 
-def test_register_scale_to_zero_and_unregister(server: EmbeddedRayServer) -> None:
+def test_register_scale_to_zero_and_unregister(server: EmbeddedServer) -> None:
     client = Client(server)
     url = f"{client.management}/models?url=late.mar&batch_size=2&max_batch_delay=5&initial_workers=1&synchronous=true"
     assert _get(url, method="POST") == (200, {"status": 'Model "late" Version: 1.0 registered with 1 initial workers'})
@@ -181,7 +182,7 @@ def test_register_scale_to_zero_and_unregister(server: EmbeddedRayServer) -> Non
     assert client.predict(b"still")[0] == 200  # the other models were left alone
 
 
-def test_scale_up_kill_a_replica_and_scale_down(server: EmbeddedRayServer) -> None:
+def test_scale_up_kill_a_replica_and_scale_down(server: EmbeddedServer) -> None:
     client = Client(server)
     [first] = client.worker_pids()
     client.scale(2)
@@ -206,7 +207,7 @@ def test_scale_up_kill_a_replica_and_scale_down(server: EmbeddedRayServer) -> No
     assert client.serving_pids() == {left}
 
 
-def test_the_only_replica_killed_comes_back(server: EmbeddedRayServer) -> None:
+def test_the_only_replica_killed_comes_back(server: EmbeddedServer) -> None:
     client = Client(server)
     [victim] = client.worker_pids()
     os.kill(victim, signal.SIGKILL)
@@ -215,7 +216,7 @@ def test_the_only_replica_killed_comes_back(server: EmbeddedRayServer) -> None:
     assert status == 200 and json.loads(body)["pid"] != victim
 
 
-def test_batch_size_and_delay_change_in_place_without_restarting_replicas(server: EmbeddedRayServer) -> None:
+def test_batch_size_and_delay_change_in_place_without_restarting_replicas(server: EmbeddedServer) -> None:
     client = Client(server)
     url = f"{client.management}/models/sleep"
     [pid] = client.worker_pids()
@@ -256,7 +257,7 @@ def test_batch_size_and_delay_change_in_place_without_restarting_replicas(server
     client.scale(1)
 
 
-def test_tuner_tunes_the_ray_deployment_through_its_management_api(server: EmbeddedRayServer, tmp_path: Path) -> None:
+def test_tuner_tunes_the_ray_deployment_through_its_management_api(server: EmbeddedServer, tmp_path: Path) -> None:
     from servetune.tune import Remote, load_study, tune
 
     (tmp_path / "in.txt").write_text("hello")
@@ -274,7 +275,7 @@ def test_tuner_tunes_the_ray_deployment_through_its_management_api(server: Embed
     assert Client(server).predict(b"after tuning")[0] == 200
 
 
-def test_driver_stops_cleanly_and_removes_the_replicas(server: EmbeddedRayServer) -> None:
+def test_driver_stops_cleanly_and_removes_the_replicas(server: EmbeddedServer) -> None:
     pids = Client(server).worker_pids()
     assert server.stop() == 0
     assert "Model server stopped." in server.output

@@ -245,7 +245,7 @@ def test_batching_changes_in_place_without_restarting_workers(tmp_path: Path, st
 def test_workers_share_the_cores_anew_after_scaling(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
     # Threads per worker are automatic here (no threads_per_worker, no numThreads): physical cores // workers. A worker
     # started alone keeps its threads when a second one joins unless the frontend tells it (it does, per batch).
-    from servetune.server.registry import physical_cores
+    from servetune.hardware import physical_cores
 
     store = tmp_path / "store"
     sleep_archive(store, batch_ms=50)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from servetune.config.properties import read_properties
-from servetune.server.embedded import EmbeddedServer
+from servetune.embedded import EmbeddedServer
 from servetune.tune import Config, Remote, TuneResult, load_study, tune
 from tune_models import best_by_hand, cost_archive, expected_closed_loop
 

@@ -49,6 +49,12 @@ from servetune.config.server import ServerConfig
     help="With --backend ray: write the Ray Serve config (serve deploy / KubeRay serveConfigV2) and exit.",
 )
 @click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write the bound URLs and the start-up models' outcome here as JSON once the server is ready.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -66,6 +72,7 @@ def command(
     backend: str,
     ray_address: str | None,
     ray_serve_config: Path | None,
+    ready_file: Path | None,
     log_level: str,
 ) -> None:
     """Serve models with TorchServe's HTTP APIs until SIGTERM or Ctrl-C.
@@ -91,9 +98,9 @@ def command(
             click.echo(f"Wrote {export_serve_config(config, names, ray_serve_config)}")
             return
         require_ray()
-        raise SystemExit(serve_on_ray(config, names, ray_address))
+        raise SystemExit(serve_on_ray(config, names, ray_address, ready_file))
     if ray_serve_config is not None:
         raise click.UsageError("--ray-serve-config needs --backend ray")
     from servetune.server import serve
 
-    raise SystemExit(serve(config, names))
+    raise SystemExit(serve(config, names, ready_file))

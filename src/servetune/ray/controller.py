@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 
 from servetune._exceptions import ModelError
+from servetune.embedded import RAY_NUM_CPUS_ENV
 from servetune.ray._require import require_ray
 from servetune.ray.plan import FRONTEND_APP, ModelPlan, VersionPlan, deployment_name
 from servetune.ray.serve_config import serve_config
@@ -26,7 +27,7 @@ log = logging.getLogger("servetune.ray")
 
 POLL_S = 0.25
 # CPUs a private local instance (``--ray-address local``) advertises; default: this machine's
-LOCAL_CPUS_ENV = "SERVETUNE_RAY_NUM_CPUS"
+LOCAL_CPUS_ENV = RAY_NUM_CPUS_ENV
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -22,6 +23,7 @@ from servetune.ray.controller import RayBackend
 from servetune.ray.management import create_management_app
 from servetune.ray.plan import ModelPlan, plan_models
 from servetune.ray.serve_config import write_serve_config
+from servetune.ready import ReadyInfo
 from servetune.server.app import EmbeddedUvicorn, bind_socket
 from servetune.server.auth import TokenStore
 
@@ -53,8 +55,16 @@ def check_config(config: ServerConfig) -> None:
 
 
 class RayServer:
-    def __init__(self, config: ServerConfig, models: tuple[str, ...] = (), address: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        models: tuple[str, ...] = (),
+        address: str | None = None,
+        ready_file: Path | None = None,
+    ) -> None:
         check_config(config)
+        self.ready_file = ready_file
+        self.failed: dict[str, str] = {}
         self.config = config
         self.models = models
         self.address = address
@@ -84,6 +94,7 @@ class RayServer:
         """The start-up models; one that cannot be read is reported as the native server does, and skipped."""
 
         def report(model: str, exc: ModelError | ConfigError) -> None:
+            self.failed[model] = str(exc)
             _say(f"ERROR: failed to load model {model}: {exc}")
 
         return plan_models(self.config, self.models, on_error=report)
@@ -97,11 +108,13 @@ class RayServer:
         task: asyncio.Task[None] | None = None
         try:
             await asyncio.to_thread(backend.deploy)
+            urls = {"inference": inference_url}
             _say(f"Inference API bound to {inference_url}")
             if self.config.token_auth:
                 self.tokens = TokenStore(self.config.key_file, self.config.token_expiration_min)
             sock = bind_socket(self.config.management_address)
-            _say(f"Management API bound to {self.config.management_address.url(sock.getsockname()[1])}")
+            urls["management"] = self.config.management_address.url(sock.getsockname()[1])
+            _say(f"Management API bound to {urls['management']}")
             uv_config = uvicorn.Config(
                 create_management_app(backend, self.config, self.tokens),
                 log_level="warning",
@@ -121,7 +134,11 @@ class RayServer:
                         workers = vplan.min_workers
                         _say(f'Model "{plan.name}" Version: {version} registered with {workers} initial workers')
                     else:
+                        self.failed[plan.name] = failure
                         _say(f"ERROR: failed to load model {plan.name}: {failure}")
+            if self.ready_file is not None:
+                models = {p.name: sorted(p.versions) for p in plans if p.name not in self.failed}
+                ReadyInfo(os.getpid(), "ray", urls, models, dict(self.failed)).write(self.ready_file)
             _say("Model server started.")
             await self._stop.wait()
         finally:
@@ -138,9 +155,11 @@ def _say(message: str) -> None:
     print(message, flush=True, file=sys.stdout)
 
 
-def serve_on_ray(config: ServerConfig, models: tuple[str, ...] = (), address: str | None = None) -> int:
+def serve_on_ray(
+    config: ServerConfig, models: tuple[str, ...] = (), address: str | None = None, ready_file: Path | None = None
+) -> int:
     """Serve the start-up models on Ray until SIGTERM/SIGINT; returns the exit code."""
-    return RayServer(config, models, address).run()
+    return RayServer(config, models, address, ready_file).run()
 
 
 def export_serve_config(config: ServerConfig, models: tuple[str, ...], path: Path) -> Path:

@@ -9,16 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from servetune._exceptions import ConfigError, ModelError
 from servetune.config.server import Address, ServerConfig
+from servetune.ready import ReadyInfo
 from servetune.server.auth import TokenStore
 from servetune.server.inference import create_inference_app
 from servetune.server.management import create_management_app
@@ -72,9 +75,10 @@ def startup_models(config: ServerConfig, cli_models: tuple[str, ...]) -> list[tu
 
 
 class Server:
-    def __init__(self, config: ServerConfig, models: tuple[str, ...] = ()) -> None:
+    def __init__(self, config: ServerConfig, models: tuple[str, ...] = (), ready_file: Path | None = None) -> None:
         self.config = config
         self.models = models
+        self.ready_file = ready_file
         self.registry = ModelRegistry(config)
         self.tokens: TokenStore | None = None
         self.urls: dict[str, str] = {}
@@ -137,6 +141,7 @@ class Server:
             for a in (config.inference_address, config.management_address, config.metrics_address)
         ):
             _say("WARNING: an API listens beyond loopback; make sure token authorization stays on")
+        failed: dict[str, str] = {}
         for model_name, url in startup_models(config, self.models):
             try:
                 _, message = await self.registry.register(
@@ -144,7 +149,11 @@ class Server:
                 )
                 _say(message)
             except ModelError as exc:
+                failed[model_name or url] = exc.message
                 _say(f"ERROR: failed to load model {model_name or url}: {exc.message}")
+        if self.ready_file is not None:
+            models = {name: sorted(versions) for name, versions in self.registry.models.items()}
+            ReadyInfo(os.getpid(), "native", dict(self.urls), models, failed).write(self.ready_file)
         _say("Model server started.")
         return tasks
 
@@ -163,9 +172,9 @@ def _say(message: str) -> None:
     print(message, flush=True, file=sys.stdout)
 
 
-def serve(config: ServerConfig, models: tuple[str, ...] = ()) -> int:
+def serve(config: ServerConfig, models: tuple[str, ...] = (), ready_file: Path | None = None) -> int:
     """Run a server in the foreground until SIGTERM/SIGINT."""
-    return Server(config, models).run()
+    return Server(config, models, ready_file).run()
 
 
 __all__ = ["Server", "serve", "startup_models"]

@@ -6,41 +6,21 @@ import asyncio
 import logging
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from servetune._exceptions import ArchiveError, ConfigError, ModelError
 from servetune.config.model import ModelConfig, models_json_entry
 from servetune.config.server import ServerConfig
+from servetune.hardware import detect_gpus, physical_cores
 from servetune.server import sources
 from servetune.server.metrics import ServerMetrics
 from servetune.server.model import ModelSpec, ServedModel
 from servetune.server.process import WorkerDied, WorkerLoadError, WorkerTimeout
 
 log = logging.getLogger("servetune.registry")
-
-
-def detect_gpus() -> int:
-    """Count NVIDIA GPUs without importing torch in the frontend."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
-        return 0
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return 0
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
-def physical_cores() -> int:
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ def _digest(path: Path) -> str:
 
 def host_devices() -> set[str]:
     """The devices this host can serve on (CUDA counted the way the server counts GPUs)."""
-    from servetune.server.registry import detect_gpus
+    from servetune.hardware import detect_gpus
 
     return {"cpu", "cuda"} if detect_gpus() > 0 else {"cpu"}
 

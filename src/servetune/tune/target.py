@@ -15,7 +15,7 @@ from servetune.tune.management import ManagementClient, ManagementError
 from servetune.tune.study import Config, Family, Study
 
 if TYPE_CHECKING:
-    from servetune.server.embedded import EmbeddedServer
+    from servetune.embedded import EmbeddedServer
 
 
 class Target(Protocol):
@@ -64,7 +64,7 @@ class EmbeddedTarget:
         return {"enable_model_api": "true", "job_queue_size": str(widest), **self.study.server}
 
     def start(self) -> None:
-        from servetune.server.embedded import EmbeddedServer
+        from servetune.embedded import EmbeddedServer
 
         self.server = EmbeddedServer(self.store, properties=self.properties(), echo=self.echo).start()
         self.inference_url = self.server.inference_url
@@ -89,15 +89,15 @@ class EmbeddedRayTarget(EmbeddedTarget):
     so that every config the study names can be placed, oversubscribed as on the native server."""
 
     def start(self) -> None:
-        from servetune.ray.embedded import EmbeddedRayServer
+        from servetune.embedded import EmbeddedServer
 
         properties = self.properties()
         address = self.study.ray_address or "local"
         threads = int(properties.get("threads_per_worker") or 1)
         cpus = max(max(f.workers) * int(f.model_config.get("numThreads") or threads) for f in self.study.families)
         num_cpus = max(os.cpu_count() or 1, cpus) if address == "local" else None
-        server = EmbeddedRayServer(self.store, properties=properties, ray_address=address, num_cpus=num_cpus,
-                                   echo=self.echo)  # fmt: skip
+        server = EmbeddedServer(self.store, properties=properties, backend="ray", ray_address=address,
+                                ray_num_cpus=num_cpus, echo=self.echo)  # fmt: skip
         self.server = server.start()
         self.inference_url = server.inference_url
         self.metrics_url = None

@@ -1,31 +1,41 @@
-"""Start a ``servetune serve`` subprocess on free loopback ports and drive it (the tuner's and benchmarks' server).
+"""Start a ``servetune serve`` subprocess on free loopback ports and drive it (the tuner's, benchmarks' and tests'
+server), on either backend.
 
-with EmbeddedServer(model_store, models={"m": "m.mar"}, properties={...}) as server:
-    server.inference_url, server.management_url, server.metrics_url, server.auth_headers()
+    with EmbeddedServer(model_store, models={"m": "m.mar"}, properties={...}) as server:
+        server.inference_url, server.management_url, server.metrics_url, server.auth_headers()
+
+It learns where the server listens from the server's ready file (``servetune.ready``), not from its printed lines.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
 from servetune._exceptions import ServetuneError
+from servetune.ready import ReadyInfo
 
-_BOUND = re.compile(r"^(Inference|Management|Metrics) API bound to (\S+)")
-STARTED = "Model server started."
+# CPUs a private local Ray instance (``ray_address="local"``) advertises; default: this machine's
+RAY_NUM_CPUS_ENV = "SERVETUNE_RAY_NUM_CPUS"
+_POLL_S = 0.05
 
 
 class EmbeddedServer:
-    """A real server process. Token auth stays on (the key file lives in a private temp dir) unless disabled."""
+    """A real server process. Token auth stays on (the key file lives in a private temp dir) unless disabled.
+
+    ``backend="ray"``: ``servetune serve --backend ray``. ``ray_address``: ``local`` starts a private Ray instance
+    inside the server process (stopped with it; ``ray_num_cpus`` sets the CPUs it advertises, default this
+    machine's), None follows Ray's own rule. The Ray backend has no metrics API of its own unless it serves one.
+    """
 
     def __init__(
         self,
@@ -37,7 +47,12 @@ class EmbeddedServer:
         startup_timeout: float = 300.0,
         echo: bool = False,
         fail_on_model_error: bool = True,
+        backend: str = "native",
+        ray_address: str | None = None,
+        ray_num_cpus: int | None = None,
     ) -> None:
+        if backend not in ("native", "ray"):
+            raise ValueError(f"backend must be 'native' or 'ray', got {backend!r}")
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="servetune-embedded-")
         self.workdir = workdir or Path(self._tmp.name if self._tmp else ".")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -53,13 +68,22 @@ class EmbeddedServer:
         self.startup_timeout = startup_timeout
         self.echo = echo
         self.fail_on_model_error = fail_on_model_error
+        self.backend = backend
         # The server's environment: this process's, with these set (None: removed). The backend is named outright,
-        # so that a SERVETUNE_BACKEND exported in the caller's shell cannot turn this into a Ray server.
-        self.env: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "SERVETUNE_BACKEND": "native"}
+        # so that a SERVETUNE_BACKEND exported in the caller's shell cannot change it.
+        self.env: dict[str, str | None] = {"PYTHONUNBUFFERED": "1", "SERVETUNE_BACKEND": backend}
+        if backend == "ray":
+            self.env["RAY_ADDRESS"] = ray_address
+            self.env[RAY_NUM_CPUS_ENV] = None if ray_num_cpus is None else str(ray_num_cpus)
+        self.ready_file = self.workdir / "ready.json"
+        self.ready: ReadyInfo | None = None
         self.output: list[str] = []
-        self.urls: dict[str, str] = {}
         self.proc: subprocess.Popen[str] | None = None
         self._pump: threading.Thread | None = None
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return dict(self.ready.urls) if self.ready is not None else {}
 
     @property
     def inference_url(self) -> str:
@@ -72,6 +96,11 @@ class EmbeddedServer:
     @property
     def metrics_url(self) -> str:
         return self.urls["metrics"]
+
+    @property
+    def failed_models(self) -> dict[str, str]:
+        """Start-up models that did not load, and why."""
+        return dict(self.ready.failed) if self.ready is not None else {}
 
     def auth_headers(self, kind: str = "management") -> dict[str, str]:
         key_file = Path(self.properties["key_file"])
@@ -91,7 +120,9 @@ class EmbeddedServer:
     def start(self) -> EmbeddedServer:
         config = self.workdir / "config.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.properties.items()))
+        self.ready_file.unlink(missing_ok=True)
         args = [sys.executable, "-m", "servetune", "serve", "--ts-config", str(config)]
+        args += ["--ready-file", str(self.ready_file)]
         if self.model_store is not None:
             args += ["--model-store", str(self.model_store)]
         if self.models:
@@ -104,7 +135,6 @@ class EmbeddedServer:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        started = threading.Event()
         proc = self.proc
 
         def pump() -> None:
@@ -114,23 +144,22 @@ class EmbeddedServer:
                 self.output.append(line)
                 if self.echo:
                     print(f"[server] {line}", file=sys.stderr, flush=True)
-                match = _BOUND.match(line)
-                if match:
-                    self.urls[match.group(1).lower()] = match.group(2)
-                if line.startswith(STARTED):
-                    started.set()
-            started.set()
 
         self._pump = threading.Thread(target=pump, name="embedded-server-output", daemon=True)
         self._pump.start()
-        if not started.wait(self.startup_timeout) or proc.poll() is not None:
+        deadline = time.monotonic() + self.startup_timeout
+        while not self.ready_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        if not self.ready_file.exists() or proc.poll() is not None:
             self.stop()
             tail = "\n".join(self.output[-30:])
             raise ServetuneError(f"the embedded server did not start:\n{tail}")
-        failed = [line for line in self.output if line.startswith("ERROR: failed to load model")]
-        if failed and self.fail_on_model_error:
+        self.ready = ReadyInfo.read(self.ready_file)
+        if self.ready.failed and self.fail_on_model_error:
             self.stop()
-            raise ServetuneError("; ".join(failed))
+            raise ServetuneError(
+                "; ".join(f"failed to load model {name}: {why}" for name, why in sorted(self.ready.failed.items()))
+            )
         return self
 
     def stop(self, timeout: float = 60.0) -> int | None:
@@ -160,3 +189,6 @@ class EmbeddedServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+__all__ = ["RAY_NUM_CPUS_ENV", "EmbeddedServer"]
