@@ -229,7 +229,7 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
         authorize(request)
         name, version = request.path_params["name"], request.path_params["version"]
         management.versions(name, version)
-        backend.set_default(name, version)
+        await backend.set_default(name, version)
         return json_response({"status": f'Default version successfully updated for model "{name}" to "{version}"'})
 
     async def token(request: Request) -> Response:

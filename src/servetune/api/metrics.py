@@ -72,8 +72,13 @@ class ModelGauges:
 
 
 class ApiMetrics:
-    def __init__(self) -> None:
+    """The metrics of the requests this process answers. ``observing=False``: a registry for collectors only (the
+    Ray driver, which answers no prediction itself but sums its replicas' reports)."""
+
+    def __init__(self, observing: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        if not observing:
+            return
         self.ts = _TorchServeCounters(socket.gethostname())
         self.registry.register(self.ts)  # type: ignore[arg-type]
         labels = ["model_name", "model_version"]

@@ -180,6 +180,7 @@ class ApiServer:
                 say(f"ERROR: failed to load model {name or url}: {exc.message}")
 
         await asyncio.gather(*(load(name, url) for name, url in entries))
+        await self.backend.started(dict(self.readiness.failed))
         self.readiness.starting = False
         if self.ready_file is not None:
             models: dict[str, list[str]] = {}

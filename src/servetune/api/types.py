@@ -157,6 +157,10 @@ class Backend(InferenceBackend, Protocol):
         """Connect (before the event loop runs: Ray installs signal handlers on the main thread)."""
         ...
 
+    async def started(self, failed: dict[str, str]) -> None:
+        """The start-up models are loaded (``failed``: those that did not load, and why)."""
+        ...
+
     async def close(self, grace_s: float) -> None:
         """Finish in-flight work within ``grace_s``, stop every worker, disconnect."""
         ...
@@ -166,7 +170,8 @@ class Backend(InferenceBackend, Protocol):
         ...
 
     async def add(self, plan: VersionPlan) -> None:
-        """Register the version with 0 workers (409 if it exists); a new model takes it as its default."""
+        """Register the version (409 if it exists); a new model takes it as its default. It serves once ``scale``
+        has run; a backend may start deploying the planned workers at once (Ray does: one deploy, not two)."""
         ...
 
     async def scale(self, name: str, version: str | None, min_workers: int, max_workers: int, wait_s: float) -> bool:
@@ -178,7 +183,7 @@ class Backend(InferenceBackend, Protocol):
         """Unregister a version (the API layer has checked the default-version rule)."""
         ...
 
-    def set_default(self, name: str, version: str) -> None: ...
+    async def set_default(self, name: str, version: str) -> None: ...
 
     async def reconfigure(self, name: str, version: str | None, change: Reconfigure) -> None:
         """Apply in-place changes (batching, threads, pinning) from the next batch on."""

@@ -44,6 +44,9 @@ class NativeBackend:
     def open(self) -> None:
         """Nothing to connect to: workers start when models scale."""
 
+    async def started(self, failed: dict[str, str]) -> None:
+        """The inference API reads the start-up outcome itself."""
+
     @property
     def device_type(self) -> str:
         return "gpu" if self.placement.gpus else "cpu"
@@ -107,7 +110,7 @@ class NativeBackend:
         await model.close(grace_s)
         self._forget(model.plan.archive)
 
-    def set_default(self, name: str, version: str) -> None:
+    async def set_default(self, name: str, version: str) -> None:
         self.registry.set_default(name, version)
 
     async def reconfigure(self, name: str, version: str | None, change: Reconfigure) -> None:
