@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from models import sleep_archive
 from ray_cluster import run_cli_without_ray
-from servetune._exceptions import ApiError, ConfigError
+from servetune._exceptions import ApiError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
 from servetune.ray import ModelPlan, plan_models, serve_config

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from servetune.server.batcher import Batcher, Job, QueueFull
 from servetune.api.types import InferRequest
+from servetune.server.batcher import Batcher, Job, QueueFull
 from servetune.server.protocol import ProtocolError, decode, encode, read_frame, recv_frame
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=5)
