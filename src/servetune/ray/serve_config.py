@@ -121,8 +121,8 @@ def serve_config(
         "proxy_location": proxy_location,
         "http_options": {"host": host, "port": port},
         "applications": [
-            frontend_application(models, server, starting, failed),
-            *(model_application(m, server) for m in models if m.serving),
+            frontend_application(models, dict(server), starting, failed),
+            *(model_application(m, dict(server)) for m in models if m.serving),
         ],
     }
 
