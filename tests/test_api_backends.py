@@ -9,30 +9,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from http_client import Reply, burst, call
+from http_client import Reply, burst, call, wait_for
 from models import sleep_archive
 from servetune.embedded import EmbeddedServer
 
 BACKENDS = ["native", pytest.param("ray", marks=pytest.mark.slow)]
 HAS_RAY = importlib.util.find_spec("ray") is not None
-
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
 class Api:

@@ -12,18 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from servetune.handlers.service import InputParam
+
 if TYPE_CHECKING:
     from servetune.api.metrics import ApiMetrics
     from servetune.api.plan import RegisterParams, VersionPlan
 
 
-@dataclass(frozen=True, slots=True)
-class Input:
-    """One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name."""
-
-    name: str
-    content_type: str | None
-    data: bytes
+# One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name. The handler contract's
+# own type, so that a request reaches the handler as it was parsed.
+Input = InputParam
 
 
 @dataclass(slots=True)
