@@ -118,6 +118,19 @@ class Reconfigure:
         return all(getattr(self, name) is None for name in self.__dataclass_fields__)
 
 
+@dataclass
+class Readiness:
+    """Whether the server has finished loading its start-up models, and which of them failed to load.
+
+    ``/ping`` is Healthy only once ``starting`` is over, no start-up model failed, and the backend is healthy; while
+    starting, a prediction for a model not registered yet gets 503 (it may be a start-up model still loading), not
+    404: once ``/ping`` has said Healthy, no prediction for a start-up model gets 404.
+    """
+
+    starting: bool = False
+    failed: dict[str, str] = field(default_factory=dict)
+
+
 class InferenceBackend(Protocol):
     """What an inference-side protocol needs: serve a request, say what is registered, say whether it is ready."""
 
@@ -200,6 +213,7 @@ __all__ = [
     "Input",
     "ModelRef",
     "ModelStatus",
+    "Readiness",
     "Reconfigure",
     "WorkerStatus",
 ]
