@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -215,6 +216,8 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
         workers = p.scale_params(params, config.max_workers_per_model)  # validated before anything changes
         messages = []
         if not change.empty:
+            if "min_worker" in params or "max_worker" in params:
+                change = replace(change, for_workers=workers[0])
             messages.append(await management.reconfigure(name, version, change))
         status = 200
         if scaling:

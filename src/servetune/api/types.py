@@ -112,10 +112,11 @@ class Reconfigure:
     num_threads: int | None = None
     inter_op_threads: int | None = None  # needs new workers: the backend restarts them
     cpu_pinning: bool | None = None
+    for_workers: int | None = None  # the workers the change is for, when the same call scales (checked against them)
 
     @property
     def empty(self) -> bool:
-        return all(getattr(self, name) is None for name in self.__dataclass_fields__)
+        return all(getattr(self, name) is None for name in self.__dataclass_fields__ if name != "for_workers")
 
 
 @dataclass
