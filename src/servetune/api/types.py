@@ -34,6 +34,16 @@ class InferRequest:
     arrival: float  # time.monotonic() when the server accepted it (the batcher's delay counts from here)
     is_disconnected: Callable[[], bool] | None = None  # the client went away: drop it rather than run it
     describe: bool = False  # a describe request (``?customized=true``): runs in a batch of its own
+    # A streaming request (gRPC StreamPredictions): it runs in a batch of its own, and every intermediate answer the
+    # handler sends (``send_intermediate_predict_response``) reaches this callback, on the event loop, before
+    # ``Backend.infer`` returns the final answer. None: intermediate answers are dropped.
+    on_partial: Callable[[InferResult], None] | None = None
+
+    @property
+    def solo(self) -> bool:
+        """Runs in a batch of its own: a describe request (the handler reads request 0's header), or a stream
+        (TorchServe forces batch size one for StreamPredictions)."""
+        return self.describe or self.on_partial is not None
 
 
 @dataclass(slots=True)

@@ -42,11 +42,6 @@ _ACCEPTED_NOT_USED = frozenset(
         "system_metrics_cmd",
         "install_py_dep_per_model",
         "workflow_store",
-        "grpc_inference_address",
-        "grpc_management_address",
-        "grpc_inference_port",
-        "grpc_management_port",
-        "enable_grpc_ssl",
         "model_snapshot",
         "ipex_enable",
         "ipex_gpu_enable",
@@ -97,6 +92,14 @@ def _bool(key: str, value: str) -> bool:
     raise ConfigError(f"{key}={value!r}: expected true or false")
 
 
+def _host(key: str, value: str) -> str:
+    """A gRPC bind address as TorchServe takes it: a host or IP (``0.0.0.0``, ``::``), brackets optional."""
+    host = value.strip().strip("[]")
+    if not host or any(c in host for c in "/ "):
+        raise ConfigError(f"{key}={value!r}: expected a host or IP address, e.g. 127.0.0.1 or 0.0.0.0")
+    return host
+
+
 def _int(key: str, value: str, minimum: int = 0) -> int:
     try:
         number = int(value.strip())
@@ -140,6 +143,15 @@ class ServerConfig:
     shutdown_grace_period: float = 30.0
     cpu_launcher_enable: bool = False  # TorchServe's key: every model's workers pinned to cores of their own
     cpu_launcher_args: str = ""  # TorchServe's launcher flags; servetune maps --ncores_per_instance, see below
+    # TorchServe's gRPC APIs (and the Open Inference Protocol's, on the inference port): a host, not a URL
+    grpc_inference_address: str = "127.0.0.1"
+    grpc_management_address: str = "127.0.0.1"
+    grpc_inference_port: int = 7070  # 0: any free port
+    grpc_management_port: int = 7071
+    grpc_inference_max_connection_age_ms: int = 0  # 0: connections live as long as the client keeps them
+    grpc_management_max_connection_age_ms: int = 0
+    grpc_inference_max_connection_age_grace_ms: int = 0
+    grpc_management_max_connection_age_grace_ms: int = 0
 
     @classmethod
     def load(
@@ -185,6 +197,15 @@ class ServerConfig:
                 values[key] = _int(key, value)
             elif key in ("key_file",):
                 values[key] = Path(value)
+            elif key in ("grpc_inference_address", "grpc_management_address"):
+                values[key] = _host(key, value)
+            elif key == "enable_grpc_ssl":
+                if _bool(key, value):
+                    raise ConfigError(f"{key}={value!r}: TLS on gRPC is not supported; terminate TLS in a proxy")
+            elif key in ("grpc_inference_port", "grpc_management_port"):
+                values[key] = _int(key, value)
+                if values[key] > 65535:
+                    raise ConfigError(f"{key}={value!r}: port must be 0..65535")
             elif key == "cors_allowed_origin":
                 values[key] = value
             elif key == "cpu_launcher_args":
@@ -268,6 +289,10 @@ def launcher_threads(args: str) -> int:
 
 
 _INT_KEYS = {
+    "grpc_inference_max_connection_age_ms": 0,
+    "grpc_management_max_connection_age_ms": 0,
+    "grpc_inference_max_connection_age_grace_ms": 0,
+    "grpc_management_max_connection_age_grace_ms": 0,
     "default_workers_per_model": 0,
     "job_queue_size": 1,
     "max_request_size": 1,
@@ -293,7 +318,7 @@ _BOOL_KEYS = frozenset(
 
 
 def _known_keys() -> list[str]:
-    return [f.name for f in fields(ServerConfig)] + sorted(_ACCEPTED_NOT_USED)
+    return [f.name for f in fields(ServerConfig)] + ["enable_grpc_ssl"] + sorted(_ACCEPTED_NOT_USED)
 
 
 def _parse_models_json(value: str) -> dict[str, Any]:

@@ -5,7 +5,9 @@ one hop).
 
 Batches: ``@serve.batch`` with max size = ``batchSize`` and wait = ``maxBatchDelay``, both from ``user_config``
 (changed in place, as are the threads); one batch at a time, run on a thread so that the next batch forms meanwhile.
-Other versions of the model are reached through their deployments' handles.
+Other versions of the model are reached through their deployments' handles. A streaming request (gRPC
+StreamPredictions, through the driver's handle) runs alone through ``stream_remote``, which yields the handler's
+intermediate answers as it sends them, then its final one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +112,8 @@ class ModelReplica:
         workdir = Path(tempfile.mkdtemp(prefix="servetune-replica-"))
         atexit.register(shutil.rmtree, workdir, True)
         self.service = load(self.plan, workdir)
+        self._streams: dict[str, Callable[[InferResult], None]] = {}  # request id -> its intermediate answers
+        self.service.context.partial_sink = self._partial
         self.batched.set_max_batch_size(self.plan.batch_size)  # type: ignore[attr-defined]
         config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
         self.metrics = ApiMetrics()
@@ -145,6 +150,45 @@ class ModelReplica:
         """``infer`` for the model's other versions' replicas (through a handle): the clock is this process's."""
         request.arrival = time.monotonic()
         return await self.infer(request)
+
+    async def stream_remote(self, request: InferRequest) -> AsyncIterator[tuple[bool, InferResult]]:
+        """Run one request alone (a batch of one, as TorchServe's StreamPredictions); yield ``(False, answer)`` for
+        each intermediate answer its handler sends, then ``(True, final answer)``. Called through a handle with
+        ``stream=True``."""
+        request.arrival = time.monotonic()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[InferResult] = asyncio.Queue()
+
+        def deliver(result: InferResult) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, result)
+
+        self._streams[request.request_id] = deliver
+        task = asyncio.ensure_future(self._run([request]))
+        try:
+            while not task.done():
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield False, getter.result()
+                else:
+                    getter.cancel()
+            while not queue.empty():  # sent just before the handler returned
+                yield False, queue.get_nowait()
+            yield True, task.result()[0]
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not task.done():
+                task.cancel()
+
+    def _partial(self, request_id: str, status: int, body: bytes, content_type: str | None) -> None:
+        """The handler's ``send_intermediate_predict_response`` (on the handler's thread)."""
+        deliver = self._streams.get(request_id)
+        if deliver is not None:
+            deliver(
+                InferResult(
+                    status, body, content_type, {}, batch_size=1, worker_id=str(os.getpid()), version=self.plan.version
+                )
+            )
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=DEFAULT_DELAY_S)
     async def batched(self, requests: list[InferRequest]) -> list[InferResult]:
