@@ -65,16 +65,43 @@ def methods(service: str) -> dict[str, Method]:
     }
 
 
+# The Open Inference Protocol's datatypes -> the ``InferTensorContents`` field that carries them (None: raw only).
+CONTENTS_FIELDS: dict[str, str | None] = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP16": None,
+    "BF16": None,
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+# The metadata the inference RPCs answer with (trailing), as the REST API's X-Servetune-* headers.
+QUEUE_MS = "x-servetune-queue-ms"
+HANDLER_MS = "x-servetune-handler-ms"
+BATCH_SIZE = "x-servetune-batch-size"
+
 TORCHSERVE_INFERENCE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 TORCHSERVE_MANAGEMENT = "org.pytorch.serve.grpc.management.ManagementAPIsService"
 OIP = "inference.GRPCInferenceService"
 HEALTH = "grpc.health.v1.Health"
 
 __all__ = [
+    "BATCH_SIZE",
+    "CONTENTS_FIELDS",
+    "HANDLER_MS",
     "HEALTH",
     "OIP",
     "POOL",
     "PROTO_FILES",
+    "QUEUE_MS",
     "TORCHSERVE_INFERENCE",
     "TORCHSERVE_MANAGEMENT",
     "Method",

@@ -17,6 +17,7 @@ from servetune.api.management import Management
 from servetune.api.metrics import ApiMetrics
 from servetune.api.types import Backend, InferRequest, InferResult, Input, Readiness
 from servetune.config.server import ServerConfig
+from servetune.protos import BATCH_SIZE, HANDLER_MS, QUEUE_MS
 
 # Metadata a handler never sees as a request header: the key, and gRPC's own transport fields.
 HIDDEN_METADATA = frozenset({"authorization", "user-agent", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout"})
@@ -57,7 +58,7 @@ class Served:
 
     def observe(self, name: str, version: str | None, result: InferResult | None, status: int, start: float) -> None:
         metrics = self.metrics
-        if metrics is None:
+        if metrics is None or not metrics.observing:  # the Ray driver: its replicas report what they run
             return
         if result is None:
             metrics.observe_status(status)
@@ -92,6 +93,17 @@ def infer_request(
     return InferRequest(rid, headers, inputs, time.monotonic(), _cancelled(context), on_partial=on_partial)
 
 
+def send_timing(context: grpc.aio.ServicerContext, result: InferResult) -> None:
+    """Where the answer's time went, as trailing metadata (the REST API's ``X-Servetune-*`` headers)."""
+    context.set_trailing_metadata(
+        (
+            (QUEUE_MS, f"{result.queue_ms:.3f}"),
+            (HANDLER_MS, f"{result.handler_ms:.3f}"),
+            (BATCH_SIZE, str(result.batch_size)),
+        )
+    )
+
+
 def _cancelled(context: Any) -> Callable[[], bool]:
     return lambda: bool(context.cancelled())
 
@@ -101,4 +113,4 @@ def version_or_none(version: str) -> str | None:
     return version or None
 
 
-__all__ = ["HIDDEN_METADATA", "Served", "infer_request", "metadata", "version_or_none"]
+__all__ = ["HIDDEN_METADATA", "Served", "infer_request", "metadata", "send_timing", "version_or_none"]

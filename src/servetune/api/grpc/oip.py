@@ -24,7 +24,7 @@ import numpy as np
 
 import servetune
 from servetune._exceptions import ApiError
-from servetune.api.grpc.calls import Served, infer_request, version_or_none
+from servetune.api.grpc.calls import Served, infer_request, send_timing, version_or_none
 from servetune.api.grpc.status import unary
 from servetune.api.grpc.tensors import (
     Tensor,
@@ -202,7 +202,9 @@ class OipService:
         served.observe(name, version, result, result.status, start)
         if result.status >= 300:
             raise answer_error(result)
-        return self.response(request, result, raw=bool(request.raw_input_contents))
+        response = self.response(request, result, raw=bool(request.raw_input_contents))
+        send_timing(context, result)
+        return response
 
     def response(self, request: Any, result: InferResult, raw: bool) -> Any:
         outputs = output_tensors(result)

@@ -15,24 +15,26 @@ from typing import Any
 import numpy as np
 
 from servetune._exceptions import ApiError
+from servetune.protos import CONTENTS_FIELDS
 
-# datatype -> (numpy dtype, the InferTensorContents field; None: raw only)
-DATATYPES: dict[str, tuple[Any, str | None]] = {
-    "BOOL": (np.dtype(np.bool_), "bool_contents"),
-    "UINT8": (np.dtype("<u1"), "uint_contents"),
-    "UINT16": (np.dtype("<u2"), "uint_contents"),
-    "UINT32": (np.dtype("<u4"), "uint_contents"),
-    "UINT64": (np.dtype("<u8"), "uint64_contents"),
-    "INT8": (np.dtype("<i1"), "int_contents"),
-    "INT16": (np.dtype("<i2"), "int_contents"),
-    "INT32": (np.dtype("<i4"), "int_contents"),
-    "INT64": (np.dtype("<i8"), "int64_contents"),
-    "FP16": (np.dtype("<f2"), None),
-    "BF16": (np.dtype("<u2"), None),
-    "FP32": (np.dtype("<f4"), "fp32_contents"),
-    "FP64": (np.dtype("<f8"), "fp64_contents"),
-    "BYTES": (np.dtype(object), "bytes_contents"),
+_NUMPY = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),  # widened to float32 for the handler
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
 }
+# datatype -> (numpy dtype, the InferTensorContents field; None: raw only)
+DATATYPES: dict[str, tuple[Any, str | None]] = {k: (_NUMPY[k], field) for k, field in CONTENTS_FIELDS.items()}
 CONTENT_FIELDS = tuple(sorted({f for _, f in DATATYPES.values() if f}))
 
 

@@ -16,7 +16,7 @@ import grpc
 
 from servetune._exceptions import ApiError
 from servetune.api import params as p
-from servetune.api.grpc.calls import Served, infer_request, version_or_none
+from servetune.api.grpc.calls import Served, infer_request, send_timing, version_or_none
 from servetune.api.grpc.status import streaming, unary
 from servetune.api.management import SCALE_WAIT_S
 from servetune.api.types import InferResult, Input
@@ -61,6 +61,7 @@ class TorchServeInference:
     async def Predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         await self.served.authorize(context, "inference")
         result = await self.infer(request, context, None)
+        send_timing(context, result)
         return PredictionResponse(prediction=result.body)
 
     @streaming
@@ -79,7 +80,9 @@ class TorchServeInference:
                 yield self._partial(getter.result())
             while not partials.empty():
                 yield self._partial(partials.get_nowait())
-            yield PredictionResponse(prediction=task.result().body)
+            final = task.result()
+            send_timing(context, final)
+            yield PredictionResponse(prediction=final.body)
         finally:
             if not task.done():
                 task.cancel()
