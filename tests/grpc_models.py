@@ -18,21 +18,23 @@ from servetune.archive import create_archive
 PROTOS = Path(__file__).resolve().parents[1] / "src" / "servetune" / "protos"
 
 # ``tensor``: batch_ms per batch; bodies: "stream:N" sends N intermediate answers first, "boom" fails, "big:N" answers
-# N bytes; a v2 request answers y = 2 * x (its first input) and "batch" = the batch size; anything else is echoed
-# with the batch size.
+# N bytes; a v2 request (servetune's tensors form) answers y = 2 * x (its first input) and "batch" = the batch size;
+# anything else is echoed with the batch size.
 TENSOR_HANDLER = textwrap.dedent(
     """
-    import json
     import time
 
+    import numpy as np
     from ts.handler_utils.utils import send_intermediate_predict_response
+
+    servetune_envelope = "tensors"  # an OIP request arrives as servetune.tensors.InferenceRequest
 
     def handle(data, context):
         if data is None:
             return None
         cfg = context.model_yaml_config.get("tensor", {})
         time.sleep(float(cfg.get("batch_ms", 0.0)) / 1000.0)
-        bodies = [row.get("data") or row.get("body") for row in data]
+        bodies = [row if hasattr(row, "inputs") else row.get("data") or row.get("body") for row in data]
         out = []
         for body in bodies:
             if isinstance(body, (bytes, bytearray)):
@@ -45,13 +47,9 @@ TENSOR_HANDLER = textwrap.dedent(
                 raise ValueError("boom requested")
             elif isinstance(body, str) and body.startswith("big:"):
                 out.append(b"x" * int(body[4:]))
-            elif isinstance(body, dict) and "inputs" in body:
-                first = body["inputs"][0]
-                y = first["data"] if first["datatype"] == "BYTES" else [2 * v for v in first["data"]]
-                out.append({"id": body.get("id"), "outputs": [
-                    {"name": "y", "datatype": first["datatype"], "shape": first["shape"], "data": y},
-                    {"name": "batch", "datatype": "INT64", "shape": [1], "data": [len(data)]},
-                ]})
+            elif hasattr(body, "inputs"):  # v2: y = 2 * x (BYTES echoed) and the batch size
+                x = body.inputs[0]
+                out.append({"y": x.data if x.datatype == "BYTES" else x.data * 2, "batch": np.array([len(data)])})
             else:
                 out.append({"echo": body, "batch_size": len(data)})
         return out

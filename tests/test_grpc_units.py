@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from servetune._exceptions import ApiError, ConfigError
+from servetune.api.grpc.oip import decode_request
 from servetune.api.grpc.status import code_for
-from servetune.api.grpc.tensors import from_contents, from_raw, join_bytes, split_bytes, to_raw
 from servetune.config.server import ServerConfig
 from servetune.protos import OIP, TORCHSERVE_INFERENCE, TORCHSERVE_MANAGEMENT, message, methods
 from servetune.server.messages import Answer, Partial, decode_message
@@ -84,45 +84,47 @@ def test_the_services_have_the_published_rpcs_and_field_numbers() -> None:
     ]
 
 
-def test_raw_tensors_decode_and_encode() -> None:
-    floats = from_raw("x", "FP32", [2, 2], np.arange(4, dtype="<f4").tobytes())
-    assert floats.data.tolist() == [[0.0, 1.0], [2.0, 3.0]]
-    framed = join_bytes([b"ab", b"", b"\xff"])
-    assert framed == b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x01\x00\x00\x00\xff"
-    assert split_bytes("s", framed) == [b"ab", b"", b"\xff"]
-    assert from_raw("s", "BYTES", [3], framed).data.tolist() == [b"ab", b"", b"\xff"]
-    bf16 = from_raw("b", "BF16", [2], to_raw("BF16", np.array([1.5, -2.0], dtype="<f4")))
-    assert bf16.data.tolist() == [1.5, -2.0]
-    assert to_raw("BYTES", np.array([b"ab"], dtype=object)) == b"\x02\x00\x00\x00ab"
+def infer(datatype: str, shape: list[int], raw: bytes | None = None, **contents: list) -> object:  # type: ignore[type-arg]
+    request = message("inference.ModelInferRequest")(model_name="m")
+    tensor = request.inputs.add(name="x", datatype=datatype, shape=shape)
+    if raw is not None:
+        request.raw_input_contents.append(raw)
+    for field, values in contents.items():
+        getattr(tensor.contents, field).extend(values)
+    return request
+
+
+def test_typed_and_raw_inputs_decode_to_the_same_tensors() -> None:
+    typed = decode_request(infer("FP32", [2, 2], fp32_contents=[0, 1, 2, 3]))
+    raw = decode_request(infer("FP32", [2, 2], raw=np.arange(4, dtype="<f4").tobytes()))
+    assert typed.inputs[0].data.tolist() == raw.inputs[0].data.tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    framed = b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x01\x00\x00\x00\xff"
+    assert decode_request(infer("BYTES", [3], raw=framed)).inputs[0].data.tolist() == [b"ab", b"", b"\xff"]
+    assert decode_request(infer("BYTES", [3], bytes_contents=[b"ab", b"", b"\xff"])).inputs[0].data.tolist() == [
+        b"ab",
+        b"",
+        b"\xff",
+    ]
 
 
 @pytest.mark.parametrize(
-    ("datatype", "shape", "raw", "says"),
+    ("request_", "says"),
     [
-        ("FP32", [3], b"\0" * 8, "needs 12 bytes"),
-        ("FP32", [-1], b"", "negative dimension"),
-        ("FLOAT", [1], b"\0" * 4, "unknown datatype"),
-        ("BYTES", [2], b"\x01\x00\x00\x00a", "needs 2 elements"),
-        ("BYTES", [1], b"\x05\x00\x00\x00ab", "runs past"),
-        ("BYTES", [1], b"\x01\x00", "inside an element's length"),
+        (infer("FP32", [3], raw=b"\0" * 8), "x"),
+        (infer("FLOAT", [1], raw=b"\0" * 4), "FLOAT"),
+        (infer("BYTES", [2], raw=b"\x01\x00\x00\x00a"), "x"),
+        (infer("BYTES", [1], raw=b"\x05\x00\x00\x00ab"), "truncated"),
+        (infer("FP32", [2], int_contents=[1, 2]), "takes fp32_contents, got int_contents"),
+        (infer("INT32", [3], int_contents=[1, 2]), "holds 3 elements"),
+        (infer("FP16", [1], fp32_contents=[1.0]), "only in raw_input_contents"),
+        (infer("FP32", [-1], fp32_contents=[1.0]), "negative dimension"),
+        (infer("FP32", [1], raw=b"\0" * 4, fp32_contents=[1.0]), "contents must not be set"),
     ],
 )
-def test_malformed_raw_tensors_are_the_callers_error(datatype: str, shape: list[int], raw: bytes, says: str) -> None:
+def test_malformed_inputs_are_the_callers_error(request_: object, says: str) -> None:
     with pytest.raises(ApiError) as info:
-        from_raw("x", datatype, shape, raw)
-    assert info.value.status == 400 and says in info.value.message
-
-
-def test_typed_contents_in_the_wrong_field_or_count_are_refused() -> None:
-    contents = message("inference.InferTensorContents")(int_contents=[1, 2])
-    assert from_contents("x", "INT32", [2], contents).data.tolist() == [1, 2]
-    for datatype, shape, says in (
-        ("FP32", [2], "takes fp32_contents"),
-        ("INT32", [3], "needs 3 elements"),
-        ("FP16", [2], "raw_input_contents"),
-    ):
-        with pytest.raises(ApiError, match=says):
-            from_contents("x", datatype, shape, contents)
+        decode_request(request_)
+    assert info.value.status == 400 and says in info.value.message, info.value.message
 
 
 def test_http_statuses_map_to_grpc_codes() -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune.handlers.service import InputParam
+from servetune.tensors import TensorMetadata
 
 if TYPE_CHECKING:
     from servetune.api.metrics import ApiMetrics
@@ -128,6 +129,27 @@ class Reconfigure:
         return all(getattr(self, name) is None for name in self.__dataclass_fields__)
 
 
+@dataclass(frozen=True)
+class ModelMetadata:
+    """A model version as the Open Inference Protocol describes it (``GET /v2/models/{name}``, gRPC ModelMetadata):
+    the tensors declared in its model-config.yaml (``oip:``) or by its handler (``model_metadata()``), else none."""
+
+    name: str
+    versions: tuple[str, ...]  # every registered version of the model
+    platform: str  # "<project>_<format>", informational; "" when not declared
+    inputs: tuple[TensorMetadata, ...] = ()
+    outputs: tuple[TensorMetadata, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": list(self.versions),
+            "platform": self.platform,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+        }
+
+
 @dataclass
 class Readiness:
     """Whether the server has finished loading its start-up models, and which of them failed to load.
@@ -158,6 +180,10 @@ class InferenceBackend(Protocol):
 
     async def ready(self, name: str, version: str | None) -> bool:
         """This version (default: the default one) has at least its ``minWorkers`` ready; raises ApiError 404."""
+        ...
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        """This version's OIP metadata (``servetune.api.metadata.model_metadata``); raises ApiError 404."""
         ...
 
 
@@ -221,6 +247,7 @@ __all__ = [
     "InferResult",
     "InferenceBackend",
     "Input",
+    "ModelMetadata",
     "ModelRef",
     "ModelStatus",
     "Readiness",

@@ -20,6 +20,8 @@ from servetune.config.properties import read_properties
 
 log = logging.getLogger("servetune.config")
 
+SERVICE_ENVELOPES = ("body", "json", "kserve", "kservev2")  # TorchServe's request envelopes
+
 _ADDRESS = re.compile(r"^(https?)://(\[[^\]]+\]|[^:/]+)(?::(\d+))?/?$", re.IGNORECASE)
 
 # Keys TorchServe reads that servetune accepts but does not act on: logged once at start, never silently dropped.
@@ -49,8 +51,6 @@ _ACCEPTED_NOT_USED = frozenset(
         "debug",
         "unregister_model_timeout",
         "use_env_allowed_urls",
-        "ts_open_inference_protocol",
-        "service_envelope",
         "default_service_handler",
         "blacklist_env_vars",
     }
@@ -152,6 +152,8 @@ class ServerConfig:
     grpc_management_max_connection_age_ms: int = 0
     grpc_inference_max_connection_age_grace_ms: int = 0
     grpc_management_max_connection_age_grace_ms: int = 0
+    service_envelope: str | None = None  # body|json|kserve|kservev2: requests on TorchServe's routes (docs/kserve.md)
+    ts_open_inference_protocol: bool = False  # TorchServe's switch for OIP; servetune serves OIP REST regardless
 
     @classmethod
     def load(
@@ -174,6 +176,9 @@ class ServerConfig:
                 env_key = f"TS_{key.upper()}"
                 if env_key in environ:
                     raw[key] = environ[env_key]
+        oip = environ.get("TS_OPEN_INFERENCE_PROTOCOL")
+        if oip:  # read by TorchServe whatever enable_envvars_config says: "oip" turns it on
+            raw["ts_open_inference_protocol"] = str(oip == "oip").lower()
         raw.update(cli or {})
         return cls.from_properties(raw)
 
@@ -206,6 +211,10 @@ class ServerConfig:
                 values[key] = _int(key, value)
                 if values[key] > 65535:
                     raise ConfigError(f"{key}={value!r}: port must be 0..65535")
+            elif key == "service_envelope":
+                if value.strip() not in SERVICE_ENVELOPES + ("",):
+                    raise ConfigError(f"{key}={value!r}: expected one of {', '.join(SERVICE_ENVELOPES)}")
+                values[key] = value.strip() or None
             elif key == "cors_allowed_origin":
                 values[key] = value
             elif key == "cpu_launcher_args":
@@ -313,6 +322,7 @@ _BOOL_KEYS = frozenset(
         "limit_max_image_pixels",
         "decode_input_request",
         "cpu_launcher_enable",
+        "ts_open_inference_protocol",
     }
 )
 

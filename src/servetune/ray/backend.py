@@ -22,9 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from servetune._exceptions import ApiError, ConfigError, WorkerLoadError
+from servetune.api.metadata import model_metadata
 from servetune.api.metrics import ApiMetrics
 from servetune.api.plan import RegisterParams, VersionPlan
-from servetune.api.types import InferRequest, InferResult, ModelRef, ModelStatus, Reconfigure, WorkerStatus
+from servetune.api.types import (
+    InferRequest,
+    InferResult,
+    ModelMetadata,
+    ModelRef,
+    ModelStatus,
+    Reconfigure,
+    WorkerStatus,
+)
 from servetune.config.server import ServerConfig
 from servetune.ray.controller import RayCluster
 from servetune.ray.metrics import SummedReports, start_sink
@@ -201,6 +210,10 @@ class RayBackend:
             return True
         count = None if rv.autoscaling else rv.min_workers
         return await asyncio.to_thread(self.cluster.wait_replicas, name, rv.version, count, 0.0)
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        rv = self.get(name, version)
+        return await model_metadata(self, rv.plan, list(self.plans[name].versions))
 
     # ---- management --------------------------------------------------------------------------
 

@@ -30,9 +30,10 @@ from starlette.responses import Response
 
 from servetune._exceptions import ApiError
 from servetune.api.inference import create_inference_app
+from servetune.api.metadata import model_metadata
 from servetune.api.metrics import ApiMetrics
 from servetune.api.plan import VersionPlan
-from servetune.api.types import InferRequest, InferResult, ModelRef
+from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef
 from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
 from servetune.handlers.service import Request, Service
@@ -89,10 +90,25 @@ class ReplicaView:
         return [ModelRef(name, v, "", v == self.default) for v in versions]
 
     async def healthy(self) -> bool:
-        return True
+        return True  # a replica answering is a running replica (Ray's proxy routes only to those)
 
     async def ready(self, name: str, version: str | None) -> bool:
         return True
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        plan = self.replica.plan
+        if name != plan.name:
+            raise ApiError.model_not_found(name)
+        versions = [ref.version for ref in self.models()]
+        if version is None or version == plan.version:
+            return await model_metadata(self, plan, versions)
+        if version in self.idle:
+            return ModelMetadata(name, tuple(versions), "")  # no replica holds its plan: no tensors
+        other = self.others.get(version)
+        if other is None:
+            raise ApiError.version_not_found(name, version)
+        metadata: ModelMetadata = await other.metadata_remote.remote()
+        return metadata
 
 
 class ModelReplica:
@@ -118,8 +134,8 @@ class ModelReplica:
         config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
         self.metrics = ApiMetrics()
         self.reporter = Reporter(self.metrics.registry, f"{self.plan.name}/{self.plan.version}/{os.getpid()}")
-        view = ReplicaView(self, others or {}, set(idle or ()), default or self.plan.version)
-        self.app = create_inference_app(view, config, metrics=self.metrics)
+        self.view = ReplicaView(self, others or {}, set(idle or ()), default or self.plan.version)
+        self.app = create_inference_app(self.view, config, metrics=self.metrics)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """``user_config`` changes apply in place, from the next batch on: the batch size (the batch queue's and the
@@ -189,6 +205,10 @@ class ModelReplica:
                     status, body, content_type, {}, batch_size=1, worker_id=str(os.getpid()), version=self.plan.version
                 )
             )
+
+    async def metadata_remote(self) -> ModelMetadata:
+        """This version's OIP metadata, for the frontend and the model's other versions (through a handle)."""
+        return await self.view.metadata(self.plan.name, self.plan.version)
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=DEFAULT_DELAY_S)
     async def batched(self, requests: list[InferRequest]) -> list[InferResult]:
