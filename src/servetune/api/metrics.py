@@ -77,6 +77,7 @@ class ApiMetrics:
 
     def __init__(self, observing: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        self.observing = observing
         if not observing:
             return
         self.ts = _TorchServeCounters(socket.gethostname())

@@ -2,9 +2,9 @@
 until a signal, shut down.
 
 ApiServer(config, backend).run()  ->  backend.open()  ->  bind (inference unless the backend serves it itself,
-management, metrics)  ->  register the start-up models (``/ping`` answers 500 meanwhile)  ->  ready file and
-``Model server started.``  ->  wait for SIGTERM/SIGINT  ->  stop accepting, finish in-flight requests within the
-grace period, ``backend.close()``.
+management, metrics; then the gRPC APIs, on Ray too: the driver serves them through handles)  ->  register the
+start-up models (``/ping`` answers 500 meanwhile)  ->  ready file and ``Model server started.``  ->  wait for
+SIGTERM/SIGINT  ->  stop accepting, finish in-flight requests within the grace period, ``backend.close()``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import uvicorn
 
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.auth import TokenStore
+from servetune.api.grpc import GrpcServers, Served
 from servetune.api.http import without_trailing_slash
 from servetune.api.inference import create_inference_app
 from servetune.api.management import Management, create_management_app
@@ -107,6 +108,7 @@ class ApiServer:
         self.tokens: TokenStore | None = None
         self.urls: dict[str, str] = {}
         self._servers: list[EmbeddedUvicorn] = []
+        self.grpc: GrpcServers | None = None
         self._stop = asyncio.Event()
 
     def run(self) -> int:
@@ -125,6 +127,7 @@ class ApiServer:
         tasks: list[asyncio.Task[Any]] = []
         try:
             tasks = self.bind()
+            await self.bind_grpc()
             await self.load_startup_models()
             await self._stop.wait()
         finally:
@@ -164,6 +167,17 @@ class ApiServer:
             say("WARNING: an API listens beyond loopback; make sure token authorization stays on")
         return tasks
 
+    async def bind_grpc(self) -> None:
+        """TorchServe's gRPC inference and management APIs and the OIP gRPC service, after the HTTP APIs."""
+        served = Served(self.backend, self.config, self.management, self.readiness, self.tokens)
+        self.grpc = GrpcServers(served)
+        for name, url in (await self.grpc.start()).items():
+            self.urls[name] = url
+            say(f"gRPC {name.removeprefix('grpc_').capitalize()} API bound to {url.removeprefix('grpc://')}")
+        hosts = (self.config.grpc_inference_address, self.config.grpc_management_address)
+        if any(host not in LOOPBACK for host in hosts):
+            say("WARNING: a gRPC API listens beyond loopback; make sure token authorization stays on")
+
     async def load_startup_models(self) -> None:
         """Register every start-up model (concurrently) before saying the server is up; ``/ping`` says Unhealthy
         meanwhile, and stays so if one fails to load."""
@@ -194,6 +208,8 @@ class ApiServer:
         say("Model server stopping: finishing in-flight requests")
         for server in self._servers:
             server.should_exit = True
+        if self.grpc is not None:
+            tasks.append(asyncio.create_task(self.grpc.stop(self.config.shutdown_grace_period)))
         await asyncio.gather(*tasks, return_exceptions=True)
         self.management.cancel_background()
         await self.backend.close(grace_s=0.0)

@@ -16,6 +16,7 @@ from servetune.bench.spec import BenchSpec
 ENGINES: dict[str, str] = {
     "async": "servetune.bench.async_engine:AsyncEngine",
     "ab": "servetune.bench.ab_engine:ApacheBenchEngine",
+    "grpc": "servetune.bench.grpc_engine:GrpcEngine",
 }
 
 

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servetune._exceptions import ApiError, WorkerDied, WorkerError, WorkerTimeout
 from servetune.api.types import InferResult, WorkerStatus
 from servetune.server.batcher import Job
-from servetune.server.messages import Predict
+from servetune.server.messages import Partial, Predict
 from servetune.server.process import WorkerProcess
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ class WorkerPool:
             placement.threads(key),
             placement.cores(key, self.position(slot)),
         )
+        worker.on_partial = self._partials(batch, worker.worker_id)
         try:
             result = await worker.run(predict, float(model.plan.response_timeout_s))
         except WorkerTimeout as exc:
@@ -110,6 +112,8 @@ class WorkerPool:
         except WorkerDied as exc:
             self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
             raise
+        finally:
+            worker.on_partial = None
         if len(result.answers) != len(batch):
             message = (
                 f"worker {worker.worker_id} answered {len(result.answers)} results for a batch of {len(batch)} "
@@ -134,6 +138,28 @@ class WorkerPool:
                     )
                 )
         model.observe_batch(len(batch))
+
+    def _partials(self, batch: list[Job], worker_id: str) -> Callable[[Partial], None]:
+        """Hands each intermediate answer of the batch to its request's ``on_partial`` (dropped when it has none,
+        or it is answered already)."""
+        streams = {j.request.request_id: j for j in batch if j.request.on_partial is not None}
+        version = self.model.version
+
+        def deliver(partial: Partial) -> None:
+            job = streams.get(partial.request_id)
+            if job is None or job.future.done() or job.request.on_partial is None:
+                return
+            a = partial.answer
+            try:
+                job.request.on_partial(
+                    InferResult(
+                        a.status, a.body, a.content_type, a.headers, batch_size=1, worker_id=worker_id, version=version
+                    )
+                )
+            except Exception:  # the consumer's failure must not break the worker's connection
+                log.exception("model %s: a streaming consumer failed", self.model.name)
+
+        return deliver
 
     @staticmethod
     def _fail(jobs: list[Job], error: ApiError) -> None:

@@ -9,10 +9,11 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
-from servetune.server.messages import LoadError, Message, Predict, Ready, Result, decode_message
+from servetune.server.messages import LoadError, Message, Partial, Predict, Ready, Result, decode_message
 from servetune.server.protocol import ProtocolError, read_frame
 
 
@@ -34,6 +35,7 @@ class WorkerProcess:
         self._pending: asyncio.Future[Message] | None = None
         self._ready: asyncio.Future[Message] | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self.on_partial: Callable[[Partial], None] | None = None  # set by the pool while a batch runs
         self.exited = asyncio.Event()
 
     @property
@@ -83,6 +85,10 @@ class WorkerProcess:
         try:
             while True:
                 message = decode_message(*await read_frame(reader))
+                if isinstance(message, Partial):
+                    if self.on_partial is not None:
+                        self.on_partial(message)
+                    continue
                 target = self._ready if self._ready is not None and not self._ready.done() else self._pending
                 if target is not None and not target.done():
                     target.set_result(message)
