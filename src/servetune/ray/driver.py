@@ -121,7 +121,7 @@ class RayServer:
                 access_log=False,
                 lifespan="off",
                 loop="asyncio",
-                http="h11",
+                http="servetune.api.keepalive:KeepAliveH11Protocol",
             )
             http = EmbeddedUvicorn(uv_config)
             task = asyncio.create_task(http.serve(sockets=[sock]), name="http-management")

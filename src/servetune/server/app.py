@@ -123,7 +123,7 @@ class Server:
                 access_log=False,
                 lifespan="off",
                 loop="asyncio",
-                http="httptools",
+                http="servetune.api.keepalive:KeepAliveHttpToolsProtocol",
                 timeout_keep_alive=30,
                 timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
                 limit_concurrency=None,
