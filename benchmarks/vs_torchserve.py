@@ -49,6 +49,7 @@ handler time in ``X-Servetune-Handler-Ms``, async engine) < 0.5 ms median; resne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -62,6 +63,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from math import nan
 from pathlib import Path
@@ -518,12 +520,16 @@ def report(runs: dict[tuple[str, str, str], list[Run]], cases: list[Case], engin
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=None, help="measured seconds per run (default 10; quick 3)")
+    parser.add_argument("--seconds", type=float, default=None, help="measured seconds per run (default 10; quick 2)")
     parser.add_argument("--warmup", type=float, default=None, help="warm-up seconds before each run (default 2)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per server, case and engine (default 3)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--engines", default="ab,async", help="comma-separated, of ab, async")
-    parser.add_argument("--quick", action="store_true", help="3 s runs, 1 s warm-up, 1 repeat: about 2 minutes")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: 2 s runs, 1 s warm-up, 1 repeat (about 2-3.5 minutes; too short for resnet18 figures)",
+    )
     parser.add_argument(
         "--torchserve-logs", choices=("quiet", "default"), default="quiet", help="TorchServe's log4j2 config"
     )
@@ -541,7 +547,7 @@ def main() -> None:
         help="override a key of TorchServe's config.properties (repeatable), e.g. number_of_netty_threads=0",
     )
     args = parser.parse_args()
-    seconds = args.seconds or (3.0 if args.quick else 10.0)
+    seconds = args.seconds or (2.0 if args.quick else 10.0)
     warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 2.0)
     repeats = args.repeats or (1 if args.quick else 3)
     cases = [CASES[name] for name in args.cases.split(",")]
@@ -567,10 +573,14 @@ def main() -> None:
                 f"delay {case.delay_ms} ms, concurrency {case.concurrency}",
                 flush=True,
             )
-            with (
-                servetune(store, case) as st,
-                TorchServe(store, case, args.torchserve_logs == "default", ts_overrides) as ts,
-            ):
+            st, ts = servetune(store, case), TorchServe(store, case, args.torchserve_logs == "default", ts_overrides)
+            with contextlib.ExitStack() as stack:
+                stack.callback(st.stop)
+                stack.callback(ts.stop)
+                with ThreadPoolExecutor(max_workers=2) as pool:  # both start at once: startup is most of --quick
+                    starting = [pool.submit(st.start), pool.submit(ts.start)]
+                for future in starting:
+                    future.result()
                 pair = Pair(st, ts)
                 for server in SERVERS:  # JIT, caches, first batches: neither server's first run is measured cold
                     measure(pair, server, case, body, ctype, engines[0], warmup * 2, warmup)
