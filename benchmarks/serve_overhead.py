@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -166,6 +167,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="bare/served pairs")
     parser.add_argument("--bare-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # Stop cleanly, servers and their workers too, on SIGTERM, and on SIGINT even when started in the background
+    # (where the shell leaves SIGINT ignored).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.bare_child:
         bare_child(json.loads(args.bare_child))
         return

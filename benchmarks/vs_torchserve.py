@@ -547,6 +547,10 @@ def main() -> None:
         help="override a key of TorchServe's config.properties (repeatable), e.g. number_of_netty_threads=0",
     )
     args = parser.parse_args()
+    # Stop cleanly, servers and their workers too, on SIGTERM, and on SIGINT even when started in the background
+    # (where the shell leaves SIGINT ignored).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     seconds = args.seconds or (2.0 if args.quick else 10.0)
     warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 2.0)
     repeats = args.repeats or (1 if args.quick else 3)
