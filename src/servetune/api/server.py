@@ -88,7 +88,7 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         access_log=False,
         lifespan="off",
         loop="asyncio",
-        http="httptools",
+        http="servetune.api.keepalive:KeepAliveHttpToolsProtocol",  # ab -k: HTTP/1.0 keep-alive too
         timeout_keep_alive=30,
         timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
         limit_concurrency=None,
