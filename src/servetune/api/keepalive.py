@@ -33,6 +33,9 @@ from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.server import ServerState
 
 _NO_BODY_STATUS = (204, 304)
+# The scope key of a callable that says whether the client has gone (the connection closed): set by
+# KeepAliveHttpToolsProtocol for every request.
+CLIENT_GONE_KEY = "servetune.client_gone"
 
 
 def wants_keep_alive(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -92,10 +95,12 @@ class KeepAliveHttpToolsProtocol(httptools_impl.HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        if self.scope["http_version"] != "1.0":
-            return
         cycle = self.cycle
         if cycle is None or cycle.scope is not self.scope:  # an upgrade: no cycle was made for this request
+            return
+        # The API layer reads this instead of watching ``receive()`` with a task per request.
+        self.scope[CLIENT_GONE_KEY] = lambda: cycle.disconnected  # type: ignore[literal-required]
+        if self.scope["http_version"] != "1.0":
             return
         # The cycle's task is scheduled but has not run yet: its send() is looked up on the class when it does.
         cycle.__class__ = _Http10Cycle
@@ -152,4 +157,4 @@ class KeepAliveH11Protocol(h11_impl.H11Protocol):
         self.conn = _KeepAliveH11Connection(h11.SERVER, size if size is not None else DEFAULT_MAX_INCOMPLETE_EVENT_SIZE)
 
 
-__all__ = ["KeepAliveH11Protocol", "KeepAliveHttpToolsProtocol", "wants_keep_alive"]
+__all__ = ["CLIENT_GONE_KEY", "KeepAliveH11Protocol", "KeepAliveHttpToolsProtocol", "wants_keep_alive"]

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,16 @@ def startup_models(config: ServerConfig, cli_models: tuple[str, ...]) -> list[tu
     return out
 
 
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (``uvicorn[standard]`` brings it), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -112,9 +122,11 @@ class ApiServer:
         self._stop = asyncio.Event()
 
     def run(self) -> int:
-        """Connect the backend on the main thread, then serve on an event loop until a signal."""
+        """Connect the backend on the main thread, then serve on an event loop until a signal (uvloop's, where it is
+        installed: uvicorn's own ``loop`` setting does not apply to a server that brings its loop)."""
         self.backend.open()
-        return asyncio.run(self.serve())
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(self.serve())
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -40,6 +40,8 @@ class WorkerSlot:
     worker: WorkerProcess | None = None
     task: asyncio.Task[None] | None = None
     busy: bool = False
+    waiting: bool = False  # waiting for the next batch (its worker's exit cancels the wait)
+    exit_cancel: bool = False  # the slot's task was cancelled by its worker's exit, not to retire it
     retiring: bool = False
     crashes: int = 0
     last_error: str = ""
@@ -204,11 +206,14 @@ class WorkerPool:
                     continue
             slot.worker = worker
             slot.status = "READY"
+            worker.on_exit = lambda: self._exited(slot)
+            if not worker.alive:  # it died before the callback was in place
+                worker.on_exit()
             started = time.monotonic()
             served = 0
             try:
                 while not slot.retiring and not self.closed:
-                    batch = await self._next_batch_or_exit(worker)
+                    batch = await self._next_batch(slot, worker)
                     if batch is None:
                         break
                     slot.busy = True
@@ -237,35 +242,35 @@ class WorkerPool:
             slot.worker = None
             worker = None
 
-    async def _next_batch_or_exit(self, worker: WorkerProcess) -> list[Job] | None:
-        """The next batch, or None as soon as the worker process exits while idle."""
-        batcher = self.model.batcher
-        batch_task = asyncio.ensure_future(batcher.next_batch())
-        exit_task = asyncio.ensure_future(worker.exited.wait())
-        try:
-            done, _ = await asyncio.wait({batch_task, exit_task}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            # Retired while waiting: make sure a batch collected in the same instant goes back to the queue.
-            batch_task.cancel()
-            try:
-                collected = await batch_task
-            except asyncio.CancelledError:
-                pass
-            else:
-                batcher.put_front(collected)
-            raise
-        finally:
-            exit_task.cancel()
-        if batch_task in done:
-            batch = batch_task.result()
-            if worker.alive:
-                return batch
-            batcher.put_front(batch)  # died in the same instant: give the jobs back
+    async def _next_batch(self, slot: WorkerSlot, worker: WorkerProcess) -> list[Job] | None:
+        """The next batch, or None as soon as the worker process exits while the slot waits for one: its exit
+        cancels the wait (``_exited``), so that no task is made per batch to watch it. Cancel-safe: the batcher loses
+        no job when its wait is cancelled."""
+        if not worker.alive:
             return None
-        batch_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await batch_task
-        return None
+        slot.waiting = True
+        try:
+            batch = await self.model.batcher.next_batch()
+        except asyncio.CancelledError:
+            if not slot.exit_cancel or slot.retiring or self.closed:
+                raise
+            slot.exit_cancel = False
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()  # this cancellation is handled: the slot goes on (to restart its worker)
+            return None
+        finally:
+            slot.waiting = False
+        if not worker.alive:
+            self.model.batcher.put_front(batch)  # died in the same instant: give the jobs back
+            return None
+        return batch
+
+    def _exited(self, slot: WorkerSlot) -> None:
+        """The slot's worker process is gone: wake the slot if it is waiting for a batch."""
+        if slot.waiting and slot.task is not None and not slot.task.done():
+            slot.exit_cancel = True
+            slot.task.cancel()
 
     # ---- scaling -----------------------------------------------------------------------------
 
