@@ -131,7 +131,7 @@ def plan_version(
     manifest["model"] = info
     model_config = ModelConfig()
     try:
-        entry = (config.models.get(name) or {}).get(version)
+        entry = (config.models.get(name) or {}).get(version) or (config.model_snapshot.get(name) or {}).get(version)
         if params.loaded_at_startup and isinstance(entry, dict):
             model_config = models_json_entry(entry, source=f"models[{name}][{version}]")
         model_config = model_config.merged(archive.model_config, source=f"{params.url}: model-config.yaml")

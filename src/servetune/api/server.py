@@ -64,6 +64,10 @@ def bind_socket(address: Address) -> socket.socket:
 
 def startup_models(config: ServerConfig, cli_models: tuple[str, ...]) -> list[tuple[str | None, str]]:
     """``--models``/``load_models`` entries as (name or None, url); ``all`` means every archive in the store."""
+    if not cli_models and config.model_snapshot:  # TorchServe restores a snapshot instead of load_models
+        return [
+            (name, entry["marName"]) for name, versions in config.model_snapshot.items() for entry in versions.values()
+        ]
     entries = cli_models or config.load_models
     out: list[tuple[str | None, str]] = []
     for entry in entries:
@@ -206,6 +210,11 @@ class ApiServer:
                 say(f"ERROR: failed to load model {name or url}: {exc.message}")
 
         await asyncio.gather(*(load(name, url) for name, url in entries))
+        registered = {(m.name, m.version) for m in self.backend.models()}
+        for name, versions in self.config.model_snapshot.items():  # the snapshot's default versions
+            for version, entry in versions.items():
+                if entry.get("defaultVersion") and (name, version) in registered:
+                    await self.backend.set_default(name, version)
         await self.backend.started(dict(self.readiness.failed))
         self.readiness.starting = False
         if self.ready_file is not None:

@@ -44,7 +44,6 @@ _ACCEPTED_NOT_USED = frozenset(
         "system_metrics_cmd",
         "install_py_dep_per_model",
         "workflow_store",
-        "model_snapshot",
         "ipex_enable",
         "ipex_gpu_enable",
         "model_server_home",
@@ -120,6 +119,9 @@ class ServerConfig:
     model_store: Path | None = None
     load_models: tuple[str, ...] = ()
     models: Mapping[str, Any] = field(default_factory=dict)
+    # TorchServe's snapshot (``model_snapshot={"name": ..., "models": {name: {version: {"marName": ..., ...}}}}``): the
+    # start-up models and their settings, as TorchServe's KServe images ship them; it wins over ``load_models``
+    model_snapshot: Mapping[str, Any] = field(default_factory=dict)
     default_workers_per_model: int = 0
     number_of_gpu: int | None = None
     job_queue_size: int = 100
@@ -196,6 +198,8 @@ class ServerConfig:
                 values[key] = tuple(part.strip() for part in value.split(",") if part.strip())
             elif key == "models":
                 values[key] = _parse_models_json(value)
+            elif key == "model_snapshot":
+                values[key] = _parse_snapshot(value)
             elif key == "allowed_urls":
                 values[key] = tuple(part for part in (p.strip() for p in value.split(",")) if part)
             elif key == "number_of_gpu":
@@ -329,6 +333,22 @@ _BOOL_KEYS = frozenset(
 
 def _known_keys() -> list[str]:
     return [f.name for f in fields(ServerConfig)] + ["enable_grpc_ssl"] + sorted(_ACCEPTED_NOT_USED)
+
+
+def _parse_snapshot(value: str) -> dict[str, Any]:
+    """The ``models`` of a TorchServe snapshot, each version naming its archive (``marName``)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"model_snapshot={value[:80]!r}: not valid JSON ({exc.msg} at char {exc.pos})") from None
+    models = parsed.get("models") if isinstance(parsed, dict) else None
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise ConfigError('model_snapshot: expected {"models": {"<name>": {"<version>": {"marName": ..., ...}}}}')
+    for name, versions in models.items():
+        for version, entry in versions.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("marName"), str) or not entry["marName"]:
+                raise ConfigError(f"model_snapshot: models[{name}][{version}]: expected an object with a marName")
+    return models
 
 
 def _parse_models_json(value: str) -> dict[str, Any]:
