@@ -16,6 +16,8 @@ from servetune.bench.spec import BenchSpec
 ENGINES: dict[str, str] = {
     "async": "servetune.bench.async_engine:AsyncEngine",
     "ab": "servetune.bench.ab_engine:ApacheBenchEngine",
+    "oip-json": "servetune.bench.oip:OipJsonEngine",
+    "oip-binary": "servetune.bench.oip:OipBinaryEngine",
 }
 
 
