@@ -23,6 +23,7 @@ DOUBLER = textwrap.dedent(
 
     import torch
     from ts.torch_handler.base_handler import BaseHandler
+    from ts.utils.util import PredictionException
 
 
     class Doubler(BaseHandler):
@@ -37,7 +38,10 @@ DOUBLER = textwrap.dedent(
             for row in rows:
                 if row == "boom":
                     raise ValueError("boom requested")
-            return torch.stack([torch.as_tensor(row, dtype=torch.float64) for row in rows])
+            try:
+                return torch.stack([torch.as_tensor(row, dtype=torch.float64) for row in rows])
+            except (TypeError, ValueError, RuntimeError) as exc:  # as a careful handler answers bad input
+                raise PredictionException(f"rows must be equal-length lists of numbers ({exc})", 400)
 
         def inference(self, data, *args, **kwargs):
             time.sleep(self.batch_ms / 1000.0)

@@ -153,10 +153,13 @@ class Tensor:
 
     def to_json(self, *, binary: bool = False) -> dict[str, Any]:
         """This tensor as a request input or response output object (``binary``: its data goes after the JSON)."""
+        return self._entry(len(self.to_bytes()) if binary else None)
+
+    def _entry(self, binary_size: int | None) -> dict[str, Any]:
         raw: dict[str, Any] = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
         parameters = {k: v for k, v in self.parameters.items() if k not in BINARY_PARAMETERS}
-        if binary:
-            parameters["binary_data_size"] = len(self.to_bytes())
+        if binary_size is not None:
+            parameters["binary_data_size"] = binary_size
         else:
             raw["data"] = self.to_list()
         if parameters:
@@ -312,12 +315,13 @@ def encode_request(request: InferenceRequest, *, binary: bool = True) -> tuple[b
         header["id"] = request.id
     if request.parameters:
         header["parameters"] = request.parameters
-    header["inputs"] = [t.to_json(binary=binary) for t in request.inputs]
+    tails = [t.to_bytes() for t in request.inputs] if binary else []
+    header["inputs"] = [t._entry(len(tails[i]) if binary else None) for i, t in enumerate(request.inputs)]
     if request.outputs:
         header["outputs"] = [
             {"name": o.name, **({"parameters": o.parameters} if o.parameters else {})} for o in request.outputs
         ]
-    return _frame(header, [t.to_bytes() for t in request.inputs] if binary else [])
+    return _frame(header, tails)
 
 
 def parse_response(body: bytes | bytearray | memoryview, header_length: int | None = None) -> InferenceResponse:
@@ -357,12 +361,12 @@ def encode_response(response: InferenceResponse, request: InferenceRequest | Non
         binary = request.binary_output(tensor.name) if request is not None else False
         if not binary:
             try:
-                entries.append(tensor.to_json())
+                entries.append(tensor._entry(None))
                 continue
             except TensorError:
                 pass  # not UTF-8: binary after all
-        entries.append(tensor.to_json(binary=True))
         tails.append(tensor.to_bytes())
+        entries.append(tensor._entry(len(tails[-1])))
     header["outputs"] = entries
     return _frame(header, tails)
 

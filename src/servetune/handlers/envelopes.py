@@ -356,7 +356,10 @@ class Envelopes:
             except BadInputError as exc:
                 results[idx] = _reject(processors[idx], ids.get(idx), exc)
                 continue
-            parsed.append((idx, items, state))
+            if items:
+                parsed.append((idx, items, state))
+            else:  # nothing for the handler (``{"instances": []}``): an empty answer, without calling it
+                results[idx] = self._format(envelope, state, [], context, idx)
         if not parsed:
             return results
         items = [item for _, its, _ in parsed for item in its]
@@ -372,11 +375,16 @@ class Envelopes:
             if processor.get_response_status_code() >= 400:  # the handler rejected one of its items
                 results[idx] = next((a for a in chunk if isinstance(a, (bytes, bytearray))), chunk[0] if chunk else b"")
                 continue
-            try:
-                results[idx] = envelope.format(state, chunk, context, idx)
-            except BadInputError as exc:
-                results[idx] = _reject(processor, ids.get(idx), exc)
+            results[idx] = self._format(envelope, state, chunk, context, idx)
         return results
+
+    @staticmethod
+    def _format(envelope: Envelope, state: Any, chunk: list[Any], context: Context, idx: int) -> Any:
+        try:
+            return envelope.format(state, chunk, context, idx)
+        except BadInputError as exc:
+            processors = context.request_processor or []
+            return _reject(processors[idx], (context.request_ids or {}).get(idx), exc)
 
     @staticmethod
     def _share(answers: Any, parsed: list[tuple[int, list[Any], Any]]) -> list[list[Any]]:

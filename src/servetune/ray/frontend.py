@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -21,10 +22,12 @@ from starlette.responses import Response
 
 from servetune._exceptions import ApiError
 from servetune.api.inference import create_inference_app
+from servetune.api.metrics import ApiMetrics
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, Readiness
 from servetune.config.server import ServerConfig
 from servetune.ray.asgi import call_app
 from servetune.ray.controller import state_name
+from servetune.ray.metrics import Reporter
 from servetune.ray.plan import deployment_name
 from servetune.ray.serve_config import SERVER_KEYS
 
@@ -152,9 +155,13 @@ class Frontend:
         self.view = FrontendView(models, set(idle_models or ()), versions)
         config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
         readiness = Readiness(starting=starting, failed=dict(failed or {}))
-        self.app = create_inference_app(self.view, config, readiness=readiness)
+        # the requests answered here through handles (KServe v1, OIP v2, other versions) are counted here
+        self.metrics = ApiMetrics()
+        self.reporter = Reporter(self.metrics.registry, f"frontend/{os.getpid()}")
+        self.app = create_inference_app(self.view, config, metrics=self.metrics, readiness=readiness)
 
     async def __call__(self, request: Request) -> Response:
+        self.reporter.ensure_started()
         return await call_app(self.app, request)
 
 
