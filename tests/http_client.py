@@ -1,11 +1,11 @@
-"""A tiny blocking HTTP client for tests (urllib), so server tests read like curl sessions."""
+"""A tiny blocking HTTP client for tests (http.client), so server tests read like curl sessions."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -24,14 +24,22 @@ class Reply:
 def call(
     method: str, url: str, data: bytes | None = None, headers: dict[str, str] | None = None, timeout: float = 60.0
 ) -> Reply:
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    if data is not None and "Content-Type" not in (headers or {}):
-        req.add_header("Content-Type", "application/octet-stream")
+    """One request on a fresh connection. A server may answer before it has read the whole body (413 on a declared
+    length) and close: the answer is read even when sending the rest of the body failed, as curl does."""
+    parts = urllib.parse.urlsplit(url)
+    headers = dict(headers or {})
+    if data is not None and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/octet-stream"
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return Reply(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read())
-    except urllib.error.HTTPError as err:
-        return Reply(err.code, {k.lower(): v for k, v in err.headers.items()}, err.read())
+        try:
+            conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=data, headers=headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered early and closed; its answer may be waiting
+        resp = conn.getresponse()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
 
 
 def burst(

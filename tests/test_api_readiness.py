@@ -79,7 +79,8 @@ def test_ping_says_healthy_only_once_the_start_up_model_answers(tmp_path: Path, 
         output = stop(proc)
     healthy = [i for i, (ping, _) in enumerate(seen) if ping == 200]
     assert healthy, f"/ping never said Healthy: {seen[-5:]}\n{output}"
-    assert any(ping == 500 for ping, _ in seen[: healthy[0]]), "the server was polled before it was ready"
+    before = seen[: healthy[0]]
+    assert any(ping == 500 for ping, _ in before), f"the server was not polled while it started: {before[-10:]}"
     assert all(predict == 200 for _, predict in seen[healthy[0] :]), seen[healthy[0] :]
     assert all(predict != 404 for _, predict in seen), "a start-up model must never be 404"
     assert "Model server started." in output

@@ -110,7 +110,7 @@ def test_the_winner_is_written_as_a_schema_valid_ray_serve_config(tuned: Tuned) 
     [app] = [a for a in written["applications"] if a["name"] == "cost"]
     [deployment] = app["deployments"]
     assert deployment["num_replicas"] == 2
-    assert deployment["user_config"] == {"batch_size": 4, "max_batch_delay_ms": 50}
+    assert deployment["user_config"] == {"batch_size": 4, "max_batch_delay_ms": 50, "num_threads": 1}
     spec = app["args"]["versions"]["1.0"]
     assert spec["batch_size"] == 4 and spec["model_yaml_config"]["optimization"] == "eager"
     assert Path(spec["url"]) == (deploy / "model-store" / "cost").resolve()

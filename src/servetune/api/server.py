@@ -118,7 +118,7 @@ class ApiServer:
         self.models = models
         self.ready_file = ready_file
         self.management = Management(backend, config)
-        self.readiness = Readiness()
+        self.readiness = Readiness(starting=True)  # until the start-up models are loaded: /ping says Unhealthy
         self.tokens: TokenStore | None = None
         self.urls: dict[str, str] = {}
         self._servers: list[EmbeddedUvicorn] = []

@@ -37,7 +37,7 @@ from servetune.api.types import (
 from servetune.config.server import ServerConfig
 from servetune.ray.controller import RayCluster
 from servetune.ray.metrics import SummedReports, start_sink
-from servetune.ray.plan import ModelPlan, RayVersion, deployment_name, ray_version, read_plan
+from servetune.ray.plan import FRONTEND_APP, ModelPlan, RayVersion, deployment_name, ray_version, read_plan
 from servetune.ray.serve_config import serve_config, server_settings
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -86,6 +86,7 @@ class RayBackend:
         self._starting = True
         self._failed: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        self._frontend: dict[str, Any] | None = None  # the frontend application as last deployed
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -141,7 +142,14 @@ class RayBackend:
         )
 
     async def _deploy(self) -> None:
-        await asyncio.to_thread(self.cluster.deploy, self.serve_config())
+        """Apply the config; when the frontend's args changed (models served, idle, failed), wait until the new
+        frontend answers, so that what the management API just said holds for the next request."""
+        config = self.serve_config()
+        frontend = config["applications"][0]
+        await asyncio.to_thread(self.cluster.deploy, config)
+        if frontend != self._frontend:
+            self._frontend = frontend
+            await asyncio.to_thread(self.cluster.wait_running, FRONTEND_APP, REMOVE_WAIT_S)
 
     # ---- lookup ------------------------------------------------------------------------------
 

@@ -104,6 +104,19 @@ class RayCluster:
                 return outcome
             time.sleep(POLL_S)
 
+    def wait_running(self, app_name: str, timeout_s: float) -> bool:
+        """Wait until an application has applied its latest config (the controller marks it DEPLOYING as it accepts
+        one, RUNNING once every deployment runs it)."""
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            app = serve.status().applications.get(app_name)
+            if app is not None and state_name(app.status) == "RUNNING":
+                return True
+            time.sleep(POLL_S)
+        return False
+
     def wait_gone(self, app_name: str, deployment: str, timeout_s: float) -> None:
         from ray import serve
 
