@@ -4,6 +4,7 @@ run it, answer with the handler's output and where its time went, count it in th
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from starlette.requests import Request
@@ -11,6 +12,7 @@ from starlette.responses import Response
 
 from servetune._exceptions import ApiError
 from servetune.api.http import NO_CACHE_HEADERS, error_response
+from servetune.api.keepalive import CLIENT_GONE_KEY
 from servetune.api.metrics import ApiMetrics
 from servetune.api.types import InferenceBackend, InferRequest, InferResult
 
@@ -38,13 +40,29 @@ def client_gone(request: Request) -> tuple[asyncio.Task[None], list[bool]]:
 async def run_watched(
     backend: InferenceBackend, request: Request, name: str, version: str | None, job: InferRequest
 ) -> InferResult:
-    """``backend.infer`` for a request whose body has been read, dropping it if its client goes away."""
+    """``backend.infer`` for a request whose body has been read, dropping it if its client goes away. servetune's
+    HTTP protocol puts a flag in the scope (no task per request); under another server, a task watches ``receive``."""
+    flag = request.scope.get(CLIENT_GONE_KEY)
+    if flag is not None:
+        job.is_disconnected = flag
+        return await backend.infer(name, version, job)
     watcher, gone = client_gone(request)
     job.is_disconnected = lambda: gone[0]
     try:
         return await backend.infer(name, version, job)
     finally:
         watcher.cancel()
+
+
+def new_request_id() -> str:
+    """A random id in the UUID text form (``os.urandom`` is ~7x cheaper than ``str(uuid.uuid4())``)."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def request_headers(request: Request) -> dict[str, str]:
+    """The request's headers as the handler sees them (lower-case names; the last of repeated ones)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
 
 
 def timing_headers(result: InferResult, request_id: str) -> dict[str, str]:
@@ -82,6 +100,8 @@ __all__ = [
     "HANDLER_HEADER",
     "QUEUE_HEADER",
     "client_gone",
+    "new_request_id",
+    "request_headers",
     "observe",
     "result_response",
     "run_watched",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,7 +16,7 @@ from starlette.routing import Route
 
 from servetune._exceptions import ApiError
 from servetune.api import protocols
-from servetune.api.answers import CLIENT_GONE, observe, result_response, run_watched
+from servetune.api.answers import CLIENT_GONE, new_request_id, observe, request_headers, result_response, run_watched
 from servetune.api.auth import TokenStore
 from servetune.api.body import parse_inputs, read_body
 from servetune.api.http import error_response, exception_handlers, json_response
@@ -41,7 +40,7 @@ async def infer_http(
     """Read, parse and run one HTTP prediction request (raises ApiError)."""
     body = await read_body(request, config.max_request_size)
     inputs = await parse_inputs(request, body)
-    headers = dict(request.headers)
+    headers = request_headers(request)
     headers["explain"] = "True" if explain else headers.get("explain", "False")
     headers.pop(PROTOCOL_HEADER, None)  # TorchServe's routes: the configured service_envelope, if any
     job = InferRequest(request_id, headers, inputs, time.monotonic())
@@ -85,7 +84,7 @@ def create_inference_app(
         received = time.perf_counter()
         name = request.path_params["model"]
         version = request.path_params.get("version")
-        request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+        request_id = request.headers.get("x-request-id") or new_request_id()
         try:
             result = await infer_http(backend, request, name, version, config, request_id, explain=explain)
         except ApiError as exc:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from servetune._exceptions import ApiError
-from servetune.api.answers import CLIENT_GONE, observe, result_response, run_watched
+from servetune.api.answers import CLIENT_GONE, new_request_id, observe, result_response, run_watched
 from servetune.api.http import json_response, kserve_error_response
 from servetune.api.metrics import ApiMetrics
 from servetune.api.oip import answer_error
@@ -73,7 +72,7 @@ def kserve_routes(
         authorize(request, False)
         received = time.perf_counter()
         name = request.path_params["model"]
-        request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+        request_id = request.headers.get("x-request-id") or new_request_id()
         try:
             body, _ = await read_inference_request(request, config.max_request_size)
             check_v1_body(body)

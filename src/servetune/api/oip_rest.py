@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 import zlib
 from collections.abc import Callable
 
@@ -21,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 
 from servetune import __version__
 from servetune._exceptions import ApiError
-from servetune.api.answers import CLIENT_GONE, observe, result_response, run_watched
+from servetune.api.answers import CLIENT_GONE, new_request_id, observe, request_headers, result_response, run_watched
 from servetune.api.body import read_body
 from servetune.api.http import json_response, kserve_error_response
 from servetune.api.metrics import ApiMetrics
@@ -117,7 +116,7 @@ def oip_routes(
         authorize(request, False)
         received = time.perf_counter()
         name, version = target(request)
-        request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+        request_id = request.headers.get("x-request-id") or new_request_id()
         try:
             body, header_length = await read_inference_request(request, config.max_request_size)
             try:
@@ -125,7 +124,7 @@ def oip_routes(
             except TensorError as exc:
                 hint = "" if header_length is not None else f" (binary data needs the {HEADER_LENGTH} header)"
                 raise ApiError.bad_request(f"{exc}{hint if 'JSON' in str(exc) else ''}") from None
-            job = infer_request(parsed, request_id, dict(request.headers), explain=explain)
+            job = infer_request(parsed, request_id, request_headers(request), explain=explain)
             result = await run_watched(backend, request, name, version, job)
         except ApiError as exc:
             return failed(exc, name)
