@@ -349,7 +349,7 @@ def test_warp_region_keeps_the_crop_centred_at_three_to_four(example: dict[str, 
 
 
 def test_the_studies_are_valid_and_hold_the_published_space(store: Path, tmp_path: Path) -> None:
-    from servetune.tune import load_study
+    from servetune.tune import load_study, override
 
     for name in ("quick.yaml", "case_study.yaml", "case_study_torchserve.yaml"):
         (tmp_path / name).write_text((EXAMPLE / name).read_text())
@@ -377,7 +377,7 @@ def test_the_studies_are_valid_and_hold_the_published_space(store: Path, tmp_pat
     assert sorted(f.label for f in torchserve.families) == ["eager_mode/cpu", "eager_mode/cuda", "fp16_mode/cuda"]
     load = torchserve.families[0].load
     assert (load.concurrency, load.requests, load.warmup_requests) == (10, 1000, 100)
-    assert torchserve.with_overrides(sla_p99_ms=100).sla.p99_ms == 100
+    assert override(torchserve, sla_p99_ms=100).sla.p99_ms == 100
 
 
 # -- the synthetic drawings --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from servetune.bench.engines import ENGINES, Engine, RunHooks, get_engine
 from servetune.bench.result import BenchResult, ClientUsage, Distribution, LatencySummary, ServerBreakdown
-from servetune.bench.runner import run_bench, run_bench_async
+from servetune.bench.runner import run_bench, run_bench_async, run_together
 from servetune.bench.spec import BenchSpec, StageSpec, parse_stages, parse_warmup
 
 __all__ = [
@@ -27,4 +27,5 @@ __all__ = [
     "parse_warmup",
     "run_bench",
     "run_bench_async",
+    "run_together",
 ]

@@ -19,7 +19,8 @@ from servetune.tune.runner import TrialRunner
 from servetune.tune.space import Space
 from servetune.tune.strategies import Proposal, Strategy, load_strategy
 from servetune.tune.study import Study
-from servetune.tune.target import RemoteTarget, Target, embedded_target
+from servetune.tune.targets import Target, prepare, target_kind
+from servetune.tune.targets.remote import RemoteTarget
 from servetune.tune.trial import Trial, judge
 
 
@@ -64,14 +65,14 @@ def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: 
             key_file=remote.key_file,
         )
         remote_target.start()
-        if study.backend == "ray":
-            notes.append("backend ray: --url tunes the running server as it is (no Ray cluster is started)")
+        if study.backend != "native":
+            notes.append(f"backend {study.backend}: --url tunes the running server as it is (none is started)")
         study, remote_notes = remote_target.adapt(study)
         notes += remote_notes
         target = remote_target
     else:
-        study = study.for_backend()
-        target = embedded_target(study, out_dir)
+        study = prepare(study)
+        target = target_kind(study.backend).embedded(study, out_dir)
     for note in (*study.notes, *notes):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     run = _Run(study, out_dir, target, console)
@@ -187,7 +188,7 @@ def _finish(run: _Run, notes: list[str], *, served_url: str | None) -> TuneResul
             run.trials,
             notes=[*study.notes, *notes],
             serve_command=deployment.serve_command if deployment else None,
-            ray_serve_config=deployment.ray_serve_config if deployment else None,
+            alternatives=deployment.alternatives if deployment else (),
             plots=[p.name for p in plots],
         )
     )

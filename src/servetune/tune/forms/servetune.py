@@ -11,10 +11,15 @@ space:
   workers: [1, 2, 4]
   batch_size: [1, 2, 4, 8]
   batch_delay_ms: [10, 50]
-  ray_ongoing_batches: [1, 2]   # backend ray: batches a replica holds (default: both searched)
+  threads: [auto, 1, 2]         # intra-op threads per worker (numThreads); auto: an even share of the cores
+  inter_op_threads: [1]         # torch's inter-op pool per worker; auto: torch's default
+  pinning: [false, true]        # each worker on its own cores (cpuPinning)
+  ray_ongoing_batches: [1, 2]   # a target's own key (here Ray's): read by that target, see targets/
 load: capacity                  # or {concurrency: 16}; default: clients = batch size x workers
 strategy: adaptive              # or grid; {name: adaptive, remeasure: 3}
 budget: 20m                     # or {time: 20m, trials: 40}
+
+``backend`` and a target's address key (``ray_address``) are read by the loader, not here.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from servetune.tune.study import DEVICES, Budget, Family, Load, Objective, Sla, 
 
 TOP_KEYS = (
     "model", "archive", "input", "content_type", "form_field", "sla", "objective", "space", "load", "strategy",
-    "budget", "server", "model_config", "backend", "ray_address",
+    "budget", "server", "model_config",
 )  # fmt: skip
-SPACE_KEYS = ("optimizations", "devices", "workers", "batch_size", "batch_delay_ms", "ray_ongoing_batches")
+SPACE_KEYS = (
+    "optimizations", "devices", "workers", "batch_size", "batch_delay_ms", "threads", "inter_op_threads", "pinning",
+)  # fmt: skip
 LOAD_KEYS = (
     "mode", "concurrency", "factor", "requests", "duration", "warmup", "arrival", "steps", "engine", "timeout",
 )  # fmt: skip
@@ -49,71 +56,18 @@ def looks_like(raw: Mapping[str, Any]) -> bool:
     return any(key in raw for key in _MARKERS)
 
 
-def parse(raw: Mapping[str, Any], source: Path, devices: set[str]) -> Study:
-    v.check_keys("", raw, TOP_KEYS)
-    if "archive" not in raw:
-        raise ConfigError("archive: missing; expected the path of the model archive (.mar, .tar.gz or a folder)")
-    base = source.parent
-    archive = v.path("archive", raw["archive"], base)
-    model = v.text("model", raw["model"]) if "model" in raw else archive.name.split(".")[0]
-    from servetune.archive import validate_model_name
-
-    try:
-        validate_model_name(model)
-    except ArchiveError as exc:
-        raise ConfigError(f"model={model!r}: {exc}") from None
-    input_path = v.path("input", raw["input"], base) if raw.get("input") is not None else None
-    content_type = v.text("content_type", raw["content_type"]) if "content_type" in raw else None
-    form_field = v.text("form_field", raw["form_field"]) if "form_field" in raw else None
-    model_config = dict(v.mapping("model_config", raw["model_config"])) if "model_config" in raw else {}
-    space = v.mapping("space", raw.get("space") or {})
-    v.check_keys("space", space, SPACE_KEYS)
-    optimizations = _optimizations(space.get("optimizations", ["eager"]))
-    wanted = v.texts("space.devices", space.get("devices", ["cpu"]))
-    for i, device in enumerate(wanted):
-        if device not in DEVICES:
-            raise v.fail(f"space.devices[{i}]", device, f"one of {', '.join(DEVICES)}")
-    notes = [f"device {d!r} skipped: this host has no {d.upper()}" for d in wanted if d not in devices]
-    usable = [d for d in wanted if d in devices]
-    if not usable:
-        raise ConfigError(f"space.devices={list(wanted)!r}: none is available on this host")
-    workers = v.integers("space.workers", space.get("workers", [1]))
-    batch_sizes = v.integers("space.batch_size", space.get("batch_size", [1]))
-    delays = v.integers("space.batch_delay_ms", space.get("batch_delay_ms", [100]), minimum=0)
-    ongoing: tuple[int, ...] = ()
-    if "ray_ongoing_batches" in space:
-        from servetune.ray.plan import MAX_ONGOING_BATCHES
-
-        ongoing = v.integers("space.ray_ongoing_batches", space["ray_ongoing_batches"])
-        if ongoing[-1] > MAX_ONGOING_BATCHES:
-            expected = f"whole numbers 1..{MAX_ONGOING_BATCHES}"
-            raise v.fail("space.ray_ongoing_batches", space["ray_ongoing_batches"], expected)
-        if "rayOngoingBatches" in model_config:
-            raise ConfigError(
-                "space.ray_ongoing_batches and model_config.rayOngoingBatches: set one (a list to search, or one value)"
-            )
+def parse(
+    raw: Mapping[str, Any],
+    source: Path,
+    devices: set[str],
+    *,
+    extra_keys: tuple[str, ...] = (),
+    extra_space_keys: tuple[str, ...] = (),
+) -> Study:
+    """``extra_keys`` / ``extra_space_keys``: keys read elsewhere (by the loader and the targets), accepted here."""
+    v.check_keys("", raw, (*TOP_KEYS, *extra_keys))
     load = parse_load(raw.get("load"))
-    families = tuple(
-        Family(
-            label=f"{opt}/{device}",
-            archive=archive,
-            optimization=opt,
-            device=device,
-            workers=workers,
-            batch_sizes=batch_sizes,
-            batch_delays_ms=delays,
-            load=load,
-            input=input_path,
-            content_type=content_type,
-            form_field=form_field,
-            model_config=model_config,
-        )
-        for opt in optimizations
-        for device in usable
-    )
-    eager = [f for f in families if f.optimization == "eager"]
-    baseline = eager[0] if eager else dataclasses.replace(families[0], label=f"eager/{families[0].device}",
-                                                          optimization="eager")  # fmt: skip
+    model, families, baseline, notes = parse_model("", raw, source.parent, devices, load, extra_space_keys)
     return Study(
         model=model,
         families=families,
@@ -126,36 +80,141 @@ def parse(raw: Mapping[str, Any], source: Path, devices: set[str]) -> Study:
         form="servetune",
         source=source.resolve(),
         notes=tuple(notes),
-        ray_ongoing_batches=ongoing,
     )
 
 
-def _optimizations(value: Any) -> tuple[str, ...]:
+def parse_model(
+    where: str,
+    raw: Mapping[str, Any],
+    base: Path,
+    devices: set[str],
+    load: Load,
+    extra_space_keys: tuple[str, ...] = (),
+    *,
+    name: str | None = None,
+) -> tuple[str, tuple[Family, ...], Family, list[str]]:
+    """One model's archive, input and space (``where``: its key path, empty at the top level; ``name``: its name
+    in an app, whose families are then labelled ``NAME/OPTIMIZATION/DEVICE``). Returns the name, the families,
+    the default config's family and notes."""
+
+    def at(key: str) -> str:
+        return f"{where}.{key}" if where else key
+
+    if "archive" not in raw:
+        raise ConfigError(
+            f"{at('archive')}: missing; expected the path of the model archive (.mar, .tar.gz or a folder)"
+        )
+    archive = v.path(at("archive"), raw["archive"], base)
+    model = name or (v.text("model", raw["model"]) if "model" in raw else archive.name.split(".")[0])
+    from servetune.archive import validate_model_name
+
+    try:
+        validate_model_name(model)
+    except ArchiveError as exc:
+        raise ConfigError(f"{at('model') if name is None else where}={model!r}: {exc}") from None
+    input_path = v.path(at("input"), raw["input"], base) if raw.get("input") is not None else None
+    content_type = v.text(at("content_type"), raw["content_type"]) if "content_type" in raw else None
+    form_field = v.text(at("form_field"), raw["form_field"]) if "form_field" in raw else None
+    model_config = dict(v.mapping(at("model_config"), raw["model_config"])) if "model_config" in raw else {}
+    space = v.mapping(at("space"), raw.get("space") or {})
+    v.check_keys(at("space"), space, (*SPACE_KEYS, *extra_space_keys))
+    optimizations = _optimizations(space.get("optimizations", ["eager"]), at("space.optimizations"))
+    wanted = v.texts(at("space.devices"), space.get("devices", ["cpu"]))
+    for i, device in enumerate(wanted):
+        if device not in DEVICES:
+            raise v.fail(f"{at('space.devices')}[{i}]", device, f"one of {', '.join(DEVICES)}")
+    notes = [f"device {d!r} skipped: this host has no {d.upper()}" for d in wanted if d not in devices]
+    usable = [d for d in wanted if d in devices]
+    if not usable:
+        raise ConfigError(f"{at('space.devices')}={list(wanted)!r}: none is available on this host")
+    knobs = {
+        "workers": v.integers(at("space.workers"), space.get("workers", [1])),
+        "batch_sizes": v.integers(at("space.batch_size"), space.get("batch_size", [1])),
+        "batch_delays_ms": v.integers(at("space.batch_delay_ms"), space.get("batch_delay_ms", [100]), minimum=0),
+        **_thread_knobs(at, space, model_config),
+    }
+    prefix = f"{model}/" if name else ""
+    families = tuple(
+        Family(
+            label=f"{prefix}{opt}/{device}",
+            archive=archive,
+            optimization=opt,
+            device=device,
+            load=load,
+            input=input_path,
+            content_type=content_type,
+            form_field=form_field,
+            model_config=model_config,
+            model=name or "",
+            **knobs,
+        )
+        for opt in optimizations
+        for device in usable
+    )
+    eager = [f for f in families if f.optimization == "eager"]
+    baseline = (
+        eager[0]
+        if eager
+        else dataclasses.replace(families[0], label=f"{prefix}eager/{families[0].device}", optimization="eager")
+    )
+    return model, families, baseline, notes
+
+
+# space key -> (Family field, model-config key the server reads)
+THREAD_KNOBS = {
+    "threads": ("threads", "numThreads"),
+    "inter_op_threads": ("inter_op_threads", "interOpThreads"),
+    "pinning": ("pinning", "cpuPinning"),
+}
+
+
+def _thread_knobs(at: Any, space: Mapping[str, Any], model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``threads`` and ``inter_op_threads`` (whole numbers, or ``auto``/0 for the server's choice) and ``pinning``
+    (true/false): searched like workers. A knob the model_config already sets is not searched again."""
+    out: dict[str, Any] = {}
+    for key, (name, config_key) in THREAD_KNOBS.items():
+        if key not in space:
+            continue
+        if config_key in model_config:
+            both = f"{at('space.' + key)} and {at('model_config.' + config_key)}"
+            raise ConfigError(f"{both}: set one (a list to search, or one value)")
+        value = space[key]
+        items = value if isinstance(value, list) else [value]
+        if key == "pinning":
+            out[name] = tuple(sorted({v.boolean(f"{at('space.pinning')}[{i}]", x) for i, x in enumerate(items)}))
+        else:
+            counts = [0 if x == "auto" else x for x in items]
+            out[name] = v.integers(at(f"space.{key}"), counts, minimum=0)
+    return out
+
+
+def _optimizations(value: Any, where: str = "space.optimizations") -> tuple[str, ...]:
     from servetune.optimize.registry import canonical_name
 
-    names = v.texts("space.optimizations", value)
+    names = v.texts(where, value)
     out: list[str] = []
     for i, name in enumerate(names):
         try:
             canonical = canonical_name(name)
         except ConfigError as exc:
-            raise ConfigError(f"space.optimizations[{i}]={name!r}: {exc}") from None
+            raise ConfigError(f"{where}[{i}]={name!r}: {exc}") from None
         if canonical not in out:
             out.append(canonical)
     return tuple(out)
 
 
-def parse_sla(value: Any) -> Sla:
+def parse_sla(value: Any, where: str = "sla") -> Sla:
     if value is None:
         return Sla()
-    sla = v.mapping("sla", value)
-    v.check_keys("sla", sla, ("p99_ms", "p95_ms", "mean_ms", "max_error_rate"))
-    limits = {k: v.number(f"sla.{k}", sla[k]) for k in ("p99_ms", "p95_ms", "mean_ms") if k in sla}
+    sla = v.mapping(where, value)
+    v.check_keys(where, sla, ("p99_ms", "p95_ms", "mean_ms", "max_error_rate"))
+    limits = {k: v.number(f"{where}.{k}", sla[k]) for k in ("p99_ms", "p95_ms", "mean_ms") if k in sla}
     error_rate = 0.001
     if "max_error_rate" in sla:
-        error_rate = v.number("sla.max_error_rate", sla["max_error_rate"], 0.0, strict=False)
+        error_rate = v.number(f"{where}.max_error_rate", sla["max_error_rate"], 0.0, strict=False)
         if error_rate >= 1:
-            raise v.fail("sla.max_error_rate", sla["max_error_rate"], "a fraction between 0 and 1 (0.001 = 0.1%)")
+            expected = "a fraction between 0 and 1 (0.001 = 0.1%)"
+            raise v.fail(f"{where}.max_error_rate", sla["max_error_rate"], expected)
     return Sla(max_error_rate=error_rate, **limits)
 
 

@@ -6,7 +6,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from servetune.tune.space import Space, cheap_order
-from servetune.tune.study import Config, Study
+from servetune.tune.study import Point, Study
 from servetune.tune.trial import Summary, Trial, summarise_all
 
 Plan = Generator["Proposal", None, None]
@@ -17,7 +17,7 @@ REMEASURE_BAND = 0.9
 class Proposal:
     """Measure ``config`` (its ``repeat``-th measurement, counting from 0) because of ``reason``."""
 
-    config: Config
+    config: Point
     repeat: int = 0
     reason: str = ""
 
@@ -63,10 +63,10 @@ class Strategy:
         """Configs of the space measured so far, best first."""
         return [s for s in summarise_all(self.trials, self.study) if s.config in self.space]
 
-    def summary(self, config: Config) -> Summary | None:
+    def summary(self, config: Point) -> Summary | None:
         return next((s for s in self.summaries() if s.config == config), None)
 
-    def measured(self, config: Config) -> bool:
+    def measured(self, config: Point) -> bool:
         return any(t.config == config for t in self.trials)
 
     def remeasure(self) -> Plan:

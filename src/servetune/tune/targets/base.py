@@ -1,21 +1,14 @@
-"""The server trials run on: an embedded ``servetune serve`` the tuner starts (``--backend native`` or ``ray``), or a
-server already running (``--url``), which only lets the tuner change what its management API can change."""
+"""The two contracts of ``targets/``: a :class:`Target` is one running server the trials drive through its
+management API; a :class:`TargetKind` is a backend the tuner can start one on, with what it reads from the study."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, ClassVar, Protocol
 
-from servetune._exceptions import ConfigError, ServetuneError
-from servetune.tune.archives import ArchiveBuilder
-from servetune.tune.management import ManagementClient, ManagementError
-from servetune.tune.study import Config, Family, Study
-
-if TYPE_CHECKING:
-    from servetune.embedded import EmbeddedServer
+from servetune.tune.management import ManagementClient
+from servetune.tune.study import Family, Study
 
 
 class Target(Protocol):
@@ -38,171 +31,60 @@ def queue_size(workers: int, batch_size: int) -> int:
     return max(100, 4 * workers * batch_size)
 
 
-class EmbeddedTarget:
-    """Starts ``servetune serve`` (model API on, token auth on) with the study folder's ``store/`` as model store;
-    each family's archive folder is written there the first time a trial needs it."""
+class TargetKind:
+    """A backend: the defaults here are a backend with no settings of its own."""
 
-    can_register = True
-    can_rebatch = True
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""  # for people: "Ray Serve"
+    address_key: ClassVar[str | None] = None  # the study key (and --NAME option) saying where it runs
+    address_hint: ClassVar[str] = ""  # what that address looks like, for error messages
+    space_keys: ClassVar[tuple[str, ...]] = ()  # ``space`` keys it reads (accepted whatever the backend)
 
-    def __init__(self, study: Study, out_dir: Path, *, echo: bool = False) -> None:
-        self.study = study
-        self.echo = echo
-        self.store = out_dir / "store"
-        self.store.mkdir(parents=True, exist_ok=True)
-        self.builder = ArchiveBuilder(self.store)
-        self._urls: dict[str, str] = {}
-        self.server: EmbeddedServer | None = None
-        self.inference_url = ""
-        self.metrics_url: str | None = None
-        self.inference_headers: dict[str, str] = {}
-        self.management = ManagementClient("http://127.0.0.1:1")
+    def read(self, space: Mapping[str, Any], model_config: Mapping[str, Any]) -> dict[str, Any]:
+        """Its ``space`` keys, type-checked, as study options (empty when none is given)."""
+        return {}
 
-    def properties(self) -> dict[str, str]:
-        """The server's config.properties: model API on, a queue deep enough for the widest config, the study's."""
-        widest = max(queue_size(max(f.workers), max(f.batch_sizes)) for f in self.study.families)
-        return {"enable_model_api": "true", "job_queue_size": str(widest), **self.study.server}
+    def check_address(self, address: str) -> None:
+        """Raise ConfigError when ``address`` is not one of this backend's."""
 
-    def start(self) -> None:
-        from servetune.embedded import EmbeddedServer
+    def check(self, study: Study) -> None:
+        """Raise ConfigError, before any trial, for a study this backend cannot run."""
 
-        self.server = EmbeddedServer(self.store, properties=self.properties(), echo=self.echo).start()
-        self.inference_url = self.server.inference_url
-        self.inference_headers = self.server.auth_headers("inference")
-        self.management = ManagementClient(self.server.management_url, self.server.auth_headers("management"))
+    def drop(self, study: Study, where: str) -> Study:
+        """The study without this backend's options, with a note, when it runs elsewhere (``where``: the backend
+        it runs on, or ``--url``)."""
+        return study
 
-    def archive_url(self, family: Family) -> str:
-        if family.label not in self._urls:
-            self._urls[family.label] = self.builder.family(family)
-        return self._urls[family.label]
+    def prepare(self, study: Study) -> Study:
+        """The study as this backend searches it (a backend may add knobs as families)."""
+        return study
 
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
+    def embedded(self, study: Study, out_dir: Path, *, echo: bool = False) -> Target:
+        """The server this backend starts for the trials (``Target.start`` starts it)."""
+        raise NotImplementedError
 
+    def model_config(self, family: Family) -> dict[str, Any]:
+        """model-config.yaml keys this backend needs in the family's archives (trials and deploy)."""
+        return {}
 
-class EmbeddedRayTarget(EmbeddedTarget):
-    """``servetune serve --backend ray`` (model API on, management token on) on the study's ``ray_address``, or on a
-    private local Ray instance inside the server process (stopped with it). Families are registered from the same
-    ``store/`` as on the native server; there is no metrics API: the bench reads the X-Servetune-* response headers.
-    A local instance advertises enough CPUs for the widest config (Ray reserves ``numThreads`` CPUs per replica),
-    so that every config the study names can be placed, oversubscribed as on the native server."""
+    def describe(self, family: Family) -> str:
+        """What this backend adds to a family's description (e.g. ", replicas hold 2 batches")."""
+        return ""
 
-    def start(self) -> None:
-        from servetune.embedded import EmbeddedServer
+    def describe_server(self, study: Study) -> str:
+        """The server trials ran on, for the report ("" for the default)."""
+        return ""
 
-        properties = self.properties()
-        address = self.study.ray_address or "local"
-        threads = int(properties.get("threads_per_worker") or 1)
-        cpus = max(max(f.workers) * int(f.model_config.get("numThreads") or threads) for f in self.study.families)
-        num_cpus = max(os.cpu_count() or 1, cpus) if address == "local" else None
-        server = EmbeddedServer(self.store, properties=properties, backend="ray", ray_address=address,
-                                ray_num_cpus=num_cpus, echo=self.echo)  # fmt: skip
-        self.server = server.start()
-        self.inference_url = server.inference_url
-        self.metrics_url = None
-        self.inference_headers = server.auth_headers("inference")
-        self.management = ManagementClient(server.management_url, server.auth_headers("management"))
+    def deploy(self, study: Study, config_properties: Path, command: str, *, packaged: bool) -> Deployed:
+        """The serve command for the winner on this backend, and any extra deploy files (``packaged``: the archive
+        was written into the deploy folder)."""
+        return Deployed(command)
 
 
-def embedded_target(study: Study, out_dir: Path, *, echo: bool = False) -> EmbeddedTarget:
-    """The embedded server of the study's backend."""
-    target = EmbeddedRayTarget if study.backend == "ray" else EmbeddedTarget
-    return target(study, out_dir, echo=echo)
+class Deployed:
+    """What a backend adds to the deploy folder: the serve command, other ways to serve it, extra files."""
 
-
-class RemoteTarget:
-    """A running server. Scaling workers always works; batch size and delay change in place on a servetune server,
-    and otherwise need its model API (re-registering the model from its own URL); optimization and device cannot
-    change. Its settings are put back at the end."""
-
-    def __init__(
-        self,
-        url: str,
-        model: str,
-        *,
-        management_url: str | None = None,
-        metrics_url: str | None = None,
-        key_file: Path | None = None,
-    ) -> None:
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"--url={url!r}: expected the inference address, http://HOST:PORT")
-        self.inference_url = url.rstrip("/")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        default_management = f"{parts.scheme}://{parts.hostname}:{port + 1}"
-        # servetune answers with per-request timing headers; TorchServe needs its metrics API for the breakdown
-        self.metrics_url = metrics_url
-        headers: dict[str, dict[str, str]] = {"management": {}, "inference": {}}
-        if key_file is not None:
-            try:
-                keys = json.loads(key_file.read_text())
-                headers = {kind: {"Authorization": f"Bearer {keys[kind]['key']}"} for kind in headers}
-            except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
-                raise ConfigError(f"--key-file={str(key_file)!r}: not a TorchServe key file ({exc})") from None
-        self.inference_headers = headers["inference"]
-        self.management = ManagementClient(management_url or default_management, headers["management"])
-        self.model = model
-        self.original: dict[str, object] = {}
-        self.can_register = False
-        self.can_rebatch = False
-
-    def start(self) -> None:
-        if self.original:
-            return
-        try:
-            described = self.management.describe(self.model)
-        except ManagementError as exc:
-            raise ServetuneError(f"--url: model {self.model!r} is not served there: {exc}") from None
-        self.original = described
-        self.can_register = self.management.model_api_enabled()
-        self.can_rebatch = self.management.rebatch_supported(self.model, described)
-
-    def adapt(self, study: Study) -> tuple[Study, list[str]]:
-        """The study reduced to what this server lets the tuner change."""
-        described = self.original
-        notes = ["--url: optimization and device stay as the server has them"]
-        if study.ray_ongoing_batches:
-            notes.append("--url: space.ray_ongoing_batches ignored: a replica holds what the server was deployed with")
-        family = dataclasses.replace(
-            study.families[0], label="served", optimization="as served", device=str(described.get("deviceType", "cpu"))
-        )
-        default = None
-        if not self.can_register and self.can_rebatch:
-            notes.append("--url: the server's model API is off: batch size and delay change in place")
-        elif not self.can_register:
-            notes.append("--url: the server's model API is off: only the number of workers is tuned")
-            batch, delay = int(str(described.get("batchSize", 1))), int(str(described.get("maxBatchDelay", 100)))
-            family = dataclasses.replace(family, batch_sizes=(batch,), batch_delays_ms=(delay,))
-            default = Config("served", 1, batch, delay)
-        adapted = dataclasses.replace(
-            study, families=(family,), baseline_family=family, default_config=default, ray_ongoing_batches=()
-        )
-        return adapted, notes
-
-    def archive_url(self, family: Family) -> str:
-        return str(self.original.get("modelUrl", ""))
-
-    def restore(self) -> None:
-        """Put the model back as it was found."""
-        described = self.management.describe(self.model)
-        batch, delay = self.original.get("batchSize"), self.original.get("maxBatchDelay")
-        found = self.original.get("workers")
-        workers = (len(found) if isinstance(found, list) else 0) or int(str(self.original.get("minWorkers", 1)))
-        if self.can_rebatch:
-            self.management.rebatch(
-                self.model, batch_size=int(str(batch)), max_batch_delay=int(str(delay)), workers=workers
-            )
-        elif (described.get("batchSize"), described.get("maxBatchDelay")) != (batch, delay) and self.can_register:
-            self.management.unregister(self.model)
-            self.management.register(
-                str(self.original["modelUrl"]), self.model, batch_size=int(str(batch)),
-                max_batch_delay=int(str(delay)), workers=workers,
-            )  # fmt: skip
-        else:
-            self.management.scale(self.model, workers)
-
-    def close(self) -> None:
-        self.restore()
+    def __init__(self, command: str, alternatives: tuple[str, ...] = (), files: Mapping[str, Path] | None = None):
+        self.command = command
+        self.alternatives = alternatives
+        self.files = dict(files or {})
