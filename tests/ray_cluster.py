@@ -63,6 +63,9 @@ class LocalRayCluster:
         # balancer: without this, it would keep requests on the head's replicas while the other node's idle.
         env["RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING"] = "0"
         env.pop("RAY_ADDRESS", None)
+        # servetune's proxy middleware (Ray's own plain-text errors answered as TorchServe's JSON), as
+        # docs/scale-out.md tells operators to set it where their cluster starts
+        env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = "servetune.ray.proxy_errors:middlewares"
         done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT_S, env=env, check=False)
         self.log.append(done.stdout + done.stderr)
         if done.returncode != 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 
 from models import sleep_archive
 from ray_cluster import run_cli_without_ray
-from servetune._exceptions import ConfigError, ModelError
+from servetune._exceptions import ApiError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
 from servetune.ray import ModelPlan, plan_models, serve_config
@@ -50,16 +51,16 @@ def test_model_config_knobs_become_ray_serve_knobs(tmp_path: Path) -> None:
     sleep_archive(tmp_path, model_config=model_config)
     [model] = plan_models(_config(tmp_path), ("sleep.mar",))
     plan = model.get(None)
-    assert (plan.min_workers, plan.max_workers, plan.spec.batch_size, plan.max_batch_delay_ms) == (2, 4, 8, 50)
-    assert plan.spec.model_yaml_config["optimization"] == "bf16"  # the variant is applied by the handler at load
-    assert plan.spec.url == str((tmp_path / "sleep.mar").resolve())
+    assert (plan.min_workers, plan.max_workers, plan.batch_size, plan.max_batch_delay_ms) == (2, 4, 8, 50)
+    assert plan.plan.config.handler_config["optimization"] == "bf16"  # the variant is applied by the handler at load
+    assert plan.plan.archive == str((tmp_path / "sleep.mar").resolve())
 
     config = serve_config([model], host="127.0.0.1", port=8123, proxy_location="HeadOnly")
     _validate_with_ray(config)
     frontend, app = config["applications"]
     assert (frontend["name"], frontend["route_prefix"]) == ("servetune", "/")
     assert (app["name"], app["route_prefix"]) == ("sleep", "/predictions/sleep")
-    assert app["args"]["versions"]["1.0"]["batch_size"] == 8
+    assert app["args"]["versions"]["1.0"]["config"]["batch_size"] == 8
     [deployment] = app["deployments"]
     assert deployment["name"] == "sleep_v1_0"
     assert deployment["autoscaling_config"] == {
@@ -69,7 +70,7 @@ def test_model_config_knobs_become_ray_serve_knobs(tmp_path: Path) -> None:
         "target_ongoing_requests": 8,
     }
     assert "num_replicas" not in deployment
-    assert deployment["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 50}
+    assert deployment["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 50, "num_threads": 2}
     assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1}
     assert deployment["max_ongoing_requests"] == max_ongoing_requests(8) >= 8
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
@@ -78,8 +79,8 @@ def test_model_config_knobs_become_ray_serve_knobs(tmp_path: Path) -> None:
 def test_a_batch_change_in_place_touches_only_what_ray_applies_without_a_restart(tmp_path: Path) -> None:
     sleep_archive(tmp_path, model_config={"batchSize": 2, "maxBatchDelay": 50})
     [model] = plan_models(_config(tmp_path), ("sleep.mar",))
-    plan = model.get(None).rebatched_to(8, 5)
-    assert (plan.batch_size, plan.max_batch_delay_ms, plan.spec.batch_size) == (8, 5, 2)
+    plan = replace(model.get(None), batch_size=8, max_batch_delay_ms=5)
+    assert (plan.batch_size, plan.max_batch_delay_ms, plan.plan.batch_size) == (8, 5, 2)
     before, after = serve_config([model]), serve_config([ModelPlan("sleep", {"1.0": plan}, "1.0")])
     _validate_with_ray(after)
     # Ray keeps replicas when only num_replicas, autoscaling, user_config or max_ongoing_requests change: the
@@ -88,9 +89,8 @@ def test_a_batch_change_in_place_touches_only_what_ray_applies_without_a_restart
     [old], [new] = before["applications"][1]["deployments"], after["applications"][1]["deployments"]
     changed = {key for key in {*old, *new} if old.get(key) != new.get(key)}
     assert changed == {"user_config", "max_ongoing_requests"}
-    assert new["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 5}
+    assert new["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 5, "num_threads": 1}
     assert new["max_ongoing_requests"] == max_ongoing_requests(8)
-    assert model.get(None).rebatched_to(None, 7).batch_size == 2  # the delay alone leaves the batch size
 
 
 def test_workers_default_and_models_json_precedence(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_workers_default_and_models_json_precedence(tmp_path: Path) -> None:
     [model] = plan_models(_config(tmp_path, default_workers_per_model="3", models=models_json), ("sleep=sleep.mar",))
     plan = model.get("1.0")
     # models= JSON < model-config.yaml, as on the native server
-    assert (plan.spec.batch_size, plan.max_batch_delay_ms) == (3, 7)
+    assert (plan.batch_size, plan.max_batch_delay_ms) == (3, 7)
     [deployment] = serve_config([model])["applications"][1]["deployments"]
     assert deployment["num_replicas"] == 3 and "autoscaling_config" not in deployment
     assert deployment["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0}
@@ -122,7 +122,7 @@ def test_two_versions_are_one_application_with_a_deployment_each(tmp_path: Path)
 
 def test_the_frontend_name_is_reserved(tmp_path: Path) -> None:
     sleep_archive(tmp_path, name="servetune")
-    with pytest.raises(ConfigError, match="reserved"):
+    with pytest.raises(ApiError, match="reserved"):
         plan_models(_config(tmp_path), ("servetune.mar",))
 
 
@@ -170,5 +170,5 @@ def test_the_replica_queue_holds_two_batches_unless_the_model_config_says(tmp_pa
     apps = {app["name"]: app for app in serve_config(plans)["applications"][1:]}
     assert apps["sleep"]["deployments"][0]["max_ongoing_requests"] == 8
     assert apps["one"]["deployments"][0]["max_ongoing_requests"] == 4
-    with pytest.raises(ModelError, match=r"rayOngoingBatches=0: expected an integer 1\.\.64"):
+    with pytest.raises(ApiError, match=r"rayOngoingBatches=0: expected an integer 1\.\.64"):
         plan_models(_config(tmp_path), ("bad.mar",))

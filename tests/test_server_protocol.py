@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from servetune.api.types import InferRequest
 from servetune.server.batcher import Batcher, Job, QueueFull
-from servetune.server.protocol import ProtocolError, decode, encode, read_frame, recv_frame, send_frame
+from servetune.server.protocol import ProtocolError, decode, encode, read_frame, recv_frame
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=5)
 
@@ -24,7 +26,7 @@ def test_frame_round_trip(header: dict[str, object], blobs: list[bytes]) -> None
 def test_frames_over_a_socket_pair() -> None:
     a, b = socket.socketpair()
     with a, b:
-        send_frame(a, {"type": "predict", "n": 2}, [b"x" * 100_000, b""])
+        a.sendall(encode({"type": "predict", "n": 2}, [b"x" * 100_000, b""]))
         assert recv_frame(b) == ({"type": "predict", "n": 2}, [b"x" * 100_000, b""])
         a.close()
         with pytest.raises(EOFError):
@@ -41,7 +43,7 @@ def test_async_reader_matches_sync_writer() -> None:
     async def main() -> None:
         a, b = socket.socketpair()
         reader, writer = await asyncio.open_unix_connection(sock=b)
-        send_frame(a, {"k": "v"}, [b"1", b"22"])
+        a.sendall(encode({"k": "v"}, [b"1", b"22"]))
         assert await read_frame(reader) == ({"k": "v"}, [b"1", b"22"])
         a.close()
         writer.close()
@@ -50,7 +52,7 @@ def test_async_reader_matches_sync_writer() -> None:
 
 
 def _job(loop: asyncio.AbstractEventLoop, name: str) -> Job:
-    return Job(name, {}, [], loop.time(), loop.create_future())
+    return Job(InferRequest(name, {}, [], time.monotonic()), loop.create_future())
 
 
 def test_batcher_collects_up_to_batch_size_within_delay() -> None:
@@ -60,10 +62,10 @@ def test_batcher_collects_up_to_batch_size_within_delay() -> None:
         for i in range(5):
             batcher.put(_job(loop, str(i)))
         first = await batcher.next_batch()
-        assert [j.request_id for j in first] == ["0", "1", "2"]
+        assert [j.request.request_id for j in first] == ["0", "1", "2"]
         start = loop.time()
         second = await batcher.next_batch()  # only 2 left: waits out the delay of the oldest, then goes
-        assert [j.request_id for j in second] == ["3", "4"]
+        assert [j.request.request_id for j in second] == ["3", "4"]
         assert loop.time() - start < 0.3
 
         # A lone request waits at most max_delay from its arrival, and a late one joins its batch.
@@ -71,7 +73,7 @@ def test_batcher_collects_up_to_batch_size_within_delay() -> None:
         loop.call_later(0.05, lambda: batcher.put(_job(loop, "b")))
         start = loop.time()
         third = await batcher.next_batch()
-        assert [j.request_id for j in third] == ["a", "b"]
+        assert [j.request.request_id for j in third] == ["a", "b"]
         assert 0.15 <= loop.time() - start < 0.4
 
     asyncio.run(main())
@@ -86,8 +88,8 @@ def test_batcher_is_bounded_and_skips_abandoned_jobs() -> None:
         batcher.put(kept)
         with pytest.raises(QueueFull):
             batcher.put(_job(loop, "x"))
-        gone.is_disconnected = lambda: True
-        assert [j.request_id for j in await batcher.next_batch()] == ["kept"]
+        gone.request.is_disconnected = lambda: True
+        assert [j.request.request_id for j in await batcher.next_batch()] == ["kept"]
         assert batcher.dropped_disconnected == 1 and gone.future.cancelled()
 
     asyncio.run(main())

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from servetune._exceptions import (
+    ApiError,
     ArchiveError,
     BenchError,
     ConfigError,
     HandlerError,
-    ModelError,
     OptimizeError,
     ServetuneError,
 )
@@ -15,11 +15,11 @@ from servetune._exceptions import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApiError",
     "ArchiveError",
     "BenchError",
     "ConfigError",
     "HandlerError",
-    "ModelError",
     "OptimizeError",
     "ServetuneError",
     "__version__",

@@ -7,7 +7,7 @@ Precedence (TorchServe's): ``models=`` JSON in config.properties < model-config.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from servetune._exceptions import ConfigError
@@ -25,6 +25,7 @@ _YAML_KEYS: dict[str, tuple[str, type, int]] = {
     "startupTimeout": ("startup_timeout_s", int, 1),
     "jobQueueSize": ("job_queue_size", int, 1),
     "numThreads": ("num_threads", int, 0),
+    "interOpThreads": ("inter_op_threads", int, 0),
     "clientTimeoutInMills": ("client_timeout_ms", int, 0),
 }
 
@@ -42,7 +43,9 @@ class ModelConfig:
     job_queue_size: int | None = None
     device_type: str | None = None  # "cpu" | "gpu"
     device_ids: tuple[int, ...] = ()
-    num_threads: int = 0  # 0: physical cores // total workers
+    num_threads: int = 0  # intra-op threads per worker; 0: the physical cores shared by every worker
+    inter_op_threads: int = 0  # 0: torch's default; set when a worker starts
+    cpu_pinning: bool | None = None  # each worker on its own cores (os.sched_setaffinity); None: the server default
     client_timeout_ms: int = 0
     handler_config: Mapping[str, Any] = field(default_factory=dict)  # the whole YAML, as the handler sees it
 
@@ -59,6 +62,10 @@ class ModelConfig:
                 if value not in ("cpu", "gpu"):
                     raise ConfigError(f"{source}: deviceType={value!r}: expected 'cpu' or 'gpu'")
                 changes["device_type"] = value
+            elif key == "cpuPinning":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{source}: cpuPinning={value!r}: expected true or false")
+                changes["cpu_pinning"] = value
             elif key == "deviceIds":
                 if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
                     raise ConfigError(f"{source}: deviceIds={value!r}: expected a list of GPU indices")
@@ -77,8 +84,20 @@ class ModelConfig:
         """Apply management API parameters (already type-checked by the API layer); None leaves a value."""
         return replace(self, **{k: v for k, v in params.items() if v is not None})
 
+    def to_json(self) -> dict[str, Any]:
+        raw = {f.name: getattr(self, f.name) for f in fields(self)}
+        raw["device_ids"] = list(self.device_ids)
+        raw["handler_config"] = dict(self.handler_config)
+        return raw
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ModelConfig:
+        values = {k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}}
+        values["device_ids"] = tuple(values.get("device_ids") or ())
+        return cls(**values)
+
 
 def models_json_entry(entry: Mapping[str, Any], *, source: str) -> ModelConfig:
     """Read one version entry of config.properties' ``models=`` JSON (same camelCase keys as the YAML)."""
-    known = {k: v for k, v in entry.items() if k in _YAML_KEYS or k in ("deviceType", "deviceIds")}
+    known = {k: v for k, v in entry.items() if k in _YAML_KEYS or k in ("deviceType", "deviceIds", "cpuPinning")}
     return ModelConfig().merged(known, source=source)

@@ -48,8 +48,6 @@ _ACCEPTED_NOT_USED = frozenset(
         "grpc_management_port",
         "enable_grpc_ssl",
         "model_snapshot",
-        "cpu_launcher_enable",
-        "cpu_launcher_args",
         "ipex_enable",
         "ipex_gpu_enable",
         "model_server_home",
@@ -140,6 +138,8 @@ class ServerConfig:
     decode_input_request: bool = True
     cors_allowed_origin: str = ""
     shutdown_grace_period: float = 30.0
+    cpu_launcher_enable: bool = False  # TorchServe's key: every model's workers pinned to cores of their own
+    cpu_launcher_args: str = ""  # TorchServe's launcher flags; servetune maps --ncores_per_instance, see below
 
     @classmethod
     def load(
@@ -187,6 +187,9 @@ class ServerConfig:
                 values[key] = Path(value)
             elif key == "cors_allowed_origin":
                 values[key] = value
+            elif key == "cpu_launcher_args":
+                launcher_threads(value)  # refuse what servetune does not do, now
+                values[key] = value
             elif key == "shutdown_grace_period":
                 try:
                     values[key] = float(value)
@@ -217,6 +220,52 @@ class ServerConfig:
     def token_auth(self) -> bool:
         return not self.disable_token_authorization
 
+    @property
+    def default_threads(self) -> int:
+        """Intra-op threads per worker when a model names none: ``threads_per_worker``, else the launcher's
+        ``--ncores_per_instance``, else 0 (the physical cores shared by every worker)."""
+        return self.threads_per_worker or launcher_threads(self.cpu_launcher_args)
+
+
+# TorchServe's ``cpu_launcher_args`` (its ``torch.backends.xeon.run_cpu`` flags): what each means here.
+_LAUNCHER_FLAGS_ACCEPTED = ("--use_logical_core",)  # servetune pins to the logical CPUs of its affinity mask
+_LAUNCHER_FLAGS_REFUSED = {
+    "--ninstances": "set the model's workers (minWorkers) instead",
+    "--node_id": "NUMA node selection is not supported; start servetune under numactl instead",
+    "--skip_cross_node_cores": "NUMA node selection is not supported; start servetune under numactl instead",
+    "--disable_numactl": "servetune does not run numactl",
+    "--disable_iomp": "servetune does not preload Intel OpenMP; set LD_PRELOAD yourself",
+    "--enable_tcmalloc": "servetune does not preload allocators; set LD_PRELOAD yourself",
+    "--enable_jemalloc": "servetune does not preload allocators; set LD_PRELOAD yourself",
+    "--use_default_allocator": "servetune does not preload allocators",
+    "--multi_instance": "set the model's workers (minWorkers) instead",
+    "--latency_mode": "set numThreads and minWorkers instead",
+    "--throughput_mode": "set numThreads and minWorkers instead",
+}
+
+
+def launcher_threads(args: str) -> int:
+    """``cpu_launcher_args``: ``--ncores_per_instance N`` -> N threads per worker (0 when absent). Flags servetune
+    cannot honour are refused by name rather than silently ignored."""
+    tokens = args.split()
+    threads = 0
+    i = 0
+    while i < len(tokens):
+        flag, _, inline = tokens[i].partition("=")
+        if flag == "--ncores_per_instance":
+            raw = inline or (tokens[i + 1] if i + 1 < len(tokens) else "")
+            i += 1 if inline else 2
+            if not raw.isdigit() or int(raw) < 1:
+                raise ConfigError(f"cpu_launcher_args: --ncores_per_instance {raw!r}: expected an integer >= 1")
+            threads = int(raw)
+            continue
+        if flag in _LAUNCHER_FLAGS_ACCEPTED:
+            i += 1
+            continue
+        why = _LAUNCHER_FLAGS_REFUSED.get(flag, "not a launcher flag servetune knows")
+        raise ConfigError(f"cpu_launcher_args: {flag} is not supported: {why}")
+    return threads
+
 
 _INT_KEYS = {
     "default_workers_per_model": 0,
@@ -238,6 +287,7 @@ _BOOL_KEYS = frozenset(
         "open_ping",
         "limit_max_image_pixels",
         "decode_input_request",
+        "cpu_launcher_enable",
     }
 )
 

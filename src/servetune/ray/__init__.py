@@ -1,10 +1,10 @@
 """Serve servetune archives on a Ray Serve cluster: ``servetune serve --backend ray [--ray-address ADDR]``.
 
-The same ``.mar`` archives, handlers, variants and TorchServe HTTP surface as the native server; Ray Serve's
-replicas stand for workers, ``@serve.batch`` for the batcher, and its proxy for the inference port. See
-docs/scale-out.md. Ray is an optional dependency (``pip install 'servetune[ray]'``): importing this package does
-not import Ray (only the replica modules do); the functions below raise ``ConfigError`` with the install command
-when it is missing.
+The same ``.mar`` archives, handlers, variants and TorchServe HTTP surface as the native server, from the same API
+layer (``servetune.api``) over :class:`RayBackend`: Ray Serve's replicas stand for workers, ``@serve.batch`` for the
+batcher, and its proxy for the inference port. See docs/scale-out.md. Ray is an optional dependency
+(``pip install 'servetune[ray]'``): importing this package does not import Ray (only the replica modules do); the
+functions below raise ``ConfigError`` with the install command when it is missing.
 
     serve_on_ray(config, models, address) -> int          run until SIGTERM (the CLI's --backend ray)
     export_serve_config(config, models, path) -> Path       write the ``serve deploy`` / KubeRay config
@@ -15,19 +15,19 @@ when it is missing.
 from __future__ import annotations
 
 from servetune.ray._require import INSTALL_HINT, ray_available, require_ray
-from servetune.ray.controller import RayBackend, ReplicaInfo
-from servetune.ray.driver import RayServer, export_serve_config, serve_on_ray
-from servetune.ray.plan import ModelPlan, ReplicaSpec, VersionPlan, plan_models
+from servetune.ray.backend import RayBackend
+from servetune.ray.controller import RayCluster, ReplicaInfo
+from servetune.ray.driver import export_serve_config, plan_models, serve_on_ray
+from servetune.ray.plan import ModelPlan, RayVersion
 from servetune.ray.serve_config import serve_config, write_serve_config
 
 __all__ = [
     "INSTALL_HINT",
     "ModelPlan",
     "RayBackend",
-    "RayServer",
+    "RayCluster",
+    "RayVersion",
     "ReplicaInfo",
-    "ReplicaSpec",
-    "VersionPlan",
     "export_serve_config",
     "plan_models",
     "ray_available",

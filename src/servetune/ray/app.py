@@ -24,21 +24,27 @@ def model_app(args: dict[str, Any]) -> Application:
     default = str(args["default_version"])
     if default not in versions:
         raise ValueError(f"default_version={default!r} is not one of {sorted(versions)}")
+    server = dict(args.get("server") or {})
+    idle = list(args.get("idle_versions", []))
     replica = cast(Deployment, serve.deployment(ModelReplica))
     others = {
-        version: replica.options(name=deployment_name(model, version)).bind(spec)
-        for version, spec in versions.items()
+        version: replica.options(name=deployment_name(model, version)).bind(plan, {}, idle, server, default)
+        for version, plan in versions.items()
         if version != default
     }
-    idle = list(args.get("idle_versions", []))
-    return replica.options(name=deployment_name(model, default)).bind(versions[default], others, idle)
+    return replica.options(name=deployment_name(model, default)).bind(versions[default], others, idle, server, default)
 
 
 def frontend_app(args: dict[str, Any]) -> Application:
-    """``/ping`` and the 404s."""
+    """``/ping``, the API description and the 404s."""
     frontend = cast(Deployment, serve.deployment(Frontend))
-    served, idle = list(args.get("models", [])), list(args.get("idle_models", []))
-    return frontend.options(name=FRONTEND_DEPLOYMENT).bind(served, idle)
+    return frontend.options(name=FRONTEND_DEPLOYMENT).bind(
+        list(args.get("models", [])),
+        list(args.get("idle_models", [])),
+        bool(args.get("starting", False)),
+        dict(args.get("failed") or {}),
+        dict(args.get("server") or {}),
+    )
 
 
 __all__ = ["frontend_app", "model_app"]

@@ -1,4 +1,4 @@
-"""The driver's view of the Ray cluster: connect, deploy the Serve config, wait, scale, describe replicas.
+"""The driver's view of the Ray cluster: connect, deploy a Serve config, wait, describe replicas.
 
 Deploying goes through the same controller call as ``serve run config.yaml`` (a declarative config, so a change of
 ``num_replicas`` alone scales in place rather than replacing replicas). The Ray calls that are not public API are
@@ -17,11 +17,10 @@ from typing import Any
 
 import psutil
 
-from servetune._exceptions import ModelError
+from servetune._exceptions import WorkerLoadError
 from servetune.embedded import RAY_NUM_CPUS_ENV
 from servetune.ray._require import require_ray
-from servetune.ray.plan import FRONTEND_APP, ModelPlan, VersionPlan, deployment_name
-from servetune.ray.serve_config import serve_config
+from servetune.ray.plan import deployment_name
 
 log = logging.getLogger("servetune.ray")
 
@@ -42,13 +41,10 @@ class ReplicaInfo:
     memory_bytes: int = 0  # resident memory, when the replica runs on the driver's machine (0: unknown)
 
 
-class RayBackend:
-    """Serves ``models`` on a Ray cluster through Ray Serve's HTTP proxy at ``host:port``."""
+class RayCluster:
+    """The driver's connection to a Ray cluster, with Ray Serve's proxy at ``host:port``."""
 
-    def __init__(
-        self, models: list[ModelPlan], *, host: str, port: int, proxy_location: str, address: str | None = None
-    ) -> None:
-        self.models = {m.name: m for m in models}
+    def __init__(self, *, host: str, port: int, proxy_location: str, address: str | None = None) -> None:
         self.host = host
         self.port = port
         self.proxy_location = proxy_location
@@ -59,11 +55,16 @@ class RayBackend:
 
     def connect(self) -> None:
         """Join the cluster at ``address`` (``auto``, ``host:port``, ``ray://...``; None: RAY_ADDRESS or a new
-        local one) and start Serve's controller and proxy with our HTTP options."""
+        local one) and start Serve's controller and proxy with our HTTP options. A local cluster started here gets
+        servetune's proxy middleware (Ray's plain-text errors answered as TorchServe's JSON); an existing cluster
+        needs ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` set where it was started (docs/scale-out.md)."""
         ray = require_ray()
         from ray.serve._private.api import serve_start
 
+        from servetune.ray.proxy_errors import PROXY_CALLBACK_ENV, PROXY_CALLBACK_PATH
+
         if not ray.is_initialized():
+            os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK_PATH)
             kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
             if self.address == "local":  # a new instance inside this process: small, no dashboard
                 kwargs["include_dashboard"] = False
@@ -74,24 +75,17 @@ class RayBackend:
             http_options={"host": self.host, "port": self.port}, proxy_location=self.proxy_location
         )
 
-    def config(self) -> dict[str, Any]:
-        return serve_config(
-            list(self.models.values()), host=self.host, port=self.port, proxy_location=self.proxy_location
-        )
-
-    def deploy(self) -> None:
-        """Apply the whole config: applications not in it are deleted, unchanged ones are left alone."""
+    def deploy(self, config: dict[str, Any]) -> None:
+        """Apply a whole Serve config: applications not in it are deleted, unchanged ones are left alone."""
         from ray.serve.schema import ServeDeploySchema
 
-        self._client.deploy_apps(ServeDeploySchema.model_validate(self.config()))
+        self._client.deploy_apps(ServeDeploySchema.model_validate(config))
 
-    def wait_deployed(self, timeout_s: float, names: list[str] | None = None) -> dict[str, str | None]:
-        """Wait until every (named) model's application runs or fails; name -> None (running) or the failure.
-        Models scaled to 0 workers have no application and count as running."""
+    def wait_deployed(self, names: list[str], timeout_s: float) -> dict[str, str | None]:
+        """Wait until every named application runs or fails; name -> None (running) or the failure."""
         from ray import serve
 
         deadline = time.monotonic() + timeout_s
-        names = [n for n in (names if names is not None else list(self.models)) if self.models[n].serving]
         while True:
             status = serve.status()
             outcome: dict[str, str | None] = {}
@@ -110,6 +104,16 @@ class RayBackend:
                 return outcome
             time.sleep(POLL_S)
 
+    def wait_gone(self, app_name: str, deployment: str, timeout_s: float) -> None:
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            app = serve.status().applications.get(app_name)
+            if app is None or deployment not in app.deployments:
+                return
+            time.sleep(POLL_S)
+
     def shutdown(self, timeout_s: float = 15.0) -> None:
         """Delete every Serve application, the controller and the proxies, then leave the cluster. Bounded: when
         the cluster is going down too (Ctrl-C reaches a local instance's processes as well), give up waiting."""
@@ -125,77 +129,21 @@ class RayBackend:
             log.warning("Ray Serve did not shut down within %g s; leaving the cluster anyway", timeout_s)
         ray.shutdown()
 
-    # ---- models ------------------------------------------------------------------------------
-
-    def get(self, name: str, version: str | None = None) -> VersionPlan:
-        model = self.models.get(name)
-        if model is None:
-            raise ModelError(f"Model not found: {name}", 404, "ModelNotFoundException")
-        return model.get(version)
-
-    def register(self, plan: VersionPlan) -> None:
-        """Add a model version (a new model keeps it as its default) and deploy."""
-        name, version = plan.spec.model_name, plan.spec.version
-        if name == FRONTEND_APP:
-            raise ModelError(f"model name {name!r} is reserved by the Ray backend", 400, "BadRequestException")
-        model = self.models.get(name)
-        if model is not None and version in model.versions:
-            message = f"Model version {version} is already registered for model {name}"
-            raise ModelError(message, 409, "ConflictStatusException")
-        if model is None:
-            self.models[name] = ModelPlan(name, {version: plan}, version)
-        else:
-            self.models[name] = ModelPlan(name, {**model.versions, version: plan}, model.default_version)
-        self.deploy()
-
-    def unregister(self, name: str, version: str | None, timeout_s: float = 60.0) -> None:
-        """Remove a model version (all of the model when it is the last) and wait until its replicas are gone."""
-        from ray import serve
-
-        model = self.models.get(name)
-        plan = self.get(name, version)
-        assert model is not None
-        removed = plan.spec.version
-        if version is not None and removed == model.default_version and len(model.versions) > 1:
-            message = f"Cannot remove default version {version} for model {name}"
-            raise ModelError(message, 403, "InvalidModelVersionException")
-        rest = {v: p for v, p in model.versions.items() if v != removed}
-        if rest:
-            default = model.default_version if model.default_version in rest else sorted(rest)[0]
-            self.models[name] = ModelPlan(name, rest, default)
-        else:
-            del self.models[name]
-        self.deploy()
-        deployment = deployment_name(name, removed)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            app = serve.status().applications.get(name)
-            if app is None or deployment not in app.deployments:
-                return
-            time.sleep(POLL_S)
-
-    def scale(self, name: str, version: str | None, min_workers: int, max_workers: int) -> VersionPlan:
-        """Set a version's replica count (an autoscaling range when max > min) and apply it."""
-        return self.update(self.get(name, version).scaled(min_workers, max_workers))
-
-    def update(self, plan: VersionPlan) -> VersionPlan:
-        """Apply a changed plan of a registered version (replicas, batch size and delay: all in place) at once."""
-        name = plan.spec.model_name
-        model = self.models[name]
-        self.models[name] = ModelPlan(name, {**model.versions, plan.spec.version: plan}, model.default_version)
-        self.deploy()
-        return plan
+    # ---- replicas ----------------------------------------------------------------------------
 
     def wait_replicas(self, name: str, version: str, count: int | None, timeout_s: float) -> bool:
         """Wait until the model's application is no longer deploying (every change applied: the controller marks it
         DEPLOYING as it accepts a config) and the deployment is healthy with exactly ``count`` running replicas
-        (None: any number), none starting, stopping or being reconfigured."""
+        (None: any number), none starting, stopping or being reconfigured. False when ``timeout_s`` passed first;
+        WorkerLoadError when the application failed to deploy (its replicas could not load the model)."""
         from ray import serve
 
         deployment = deployment_name(name, version)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             app = serve.status().applications.get(name)
+            if app is not None and state_name(app.status) == "DEPLOY_FAILED":
+                raise WorkerLoadError(_failure(app))
             found = app.deployments.get(deployment) if app is not None else None
             if found is None and count == 0:
                 return True
@@ -206,8 +154,9 @@ class RayBackend:
                 if (running == count or (count is None and running > 0)) and not others:
                     if state_name(found.status) == "HEALTHY":
                         return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(POLL_S)
-        return False
 
     def replicas(self, name: str, version: str) -> list[ReplicaInfo]:
         """Live replica processes of a version, oldest first (from the GCS actor table)."""
@@ -263,4 +212,4 @@ def _failure(app: Any) -> str:
     return "; ".join(messages) or state_name(app.status)
 
 
-__all__ = ["RayBackend", "ReplicaInfo", "state_name"]
+__all__ = ["RayCluster", "ReplicaInfo", "state_name"]

@@ -1,22 +1,29 @@
-"""The ``servetune`` application at ``/``: ``GET /ping`` and TorchServe's 404s for every path no model owns.
+"""The ``servetune`` application at ``/``: every path no model application owns (``/ping``, the API description,
+``/predictions/<model>`` of a model that is not served), answered by the API layer's inference app.
 
-Predictions never pass through here: Ray's proxy routes ``/predictions/<name>`` straight to that model's
-application. ``/ping`` is Healthy while every servetune application is running with each deployment healthy or
-scaling, as TorchServe's is while each model has its minimum of healthy workers.
+Predictions of served models never pass through here: Ray's proxy routes ``/predictions/<name>`` straight to that
+model's application. ``/ping`` is Healthy once the driver has loaded its start-up models (none failed) and every
+servetune application is running with each deployment healthy or scaling, as TorchServe's is while each model has
+its minimum of healthy workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from servetune._exceptions import ApiError
+from servetune.api.inference import Readiness, create_inference_app
+from servetune.api.types import InferRequest, InferResult, ModelRef
+from servetune.config.server import ServerConfig
+from servetune.ray.asgi import call_app
 from servetune.ray.controller import state_name
-from servetune.ray.plan import no_worker_message
-from servetune.server.http import METHOD_NOT_ALLOWED_MESSAGE, NOT_FOUND_MESSAGE, error_response, json_response
+from servetune.ray.serve_config import SERVER_KEYS
 
 HEALTH_CACHE_S = 1.0
 HEALTHY_DEPLOYMENT_STATES = ("HEALTHY", "UPSCALING", "DOWNSCALING")
@@ -38,38 +45,52 @@ def cluster_healthy(models: list[str]) -> bool:
     return True
 
 
-class Frontend:
-    def __init__(self, models: list[str], idle_models: list[str] | None = None) -> None:
-        self.models = list(models)
-        self.idle = set(idle_models or ())
+class FrontendView:
+    """The inference API's backend at ``/``: it serves no model itself."""
+
+    def __init__(self, models: list[str], idle: set[str]) -> None:
+        self.served = list(models)
+        self.idle = idle
         self._health: tuple[float, bool] = (0.0, False)
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
+        if name in self.idle:
+            raise ApiError.no_worker(name)
+        raise ApiError.model_not_found(name)  # a served model's own application would have taken it
+
+    def models(self) -> list[ModelRef]:
+        return [ModelRef(name, "", "", True) for name in sorted({*self.served, *self.idle})]
 
     async def healthy(self) -> bool:
         checked, healthy = self._health
         if time.monotonic() - checked > HEALTH_CACHE_S:
             try:
-                healthy = await asyncio.to_thread(cluster_healthy, self.models)
+                healthy = await asyncio.to_thread(cluster_healthy, self.served)
             except Exception:  # noqa: BLE001 - the controller unreachable or restarting: not healthy
                 healthy = False
             self._health = (time.monotonic(), healthy)
         return healthy
 
+    async def ready(self, name: str, version: str | None) -> bool:
+        return await self.healthy()
+
+
+class Frontend:
+    def __init__(
+        self,
+        models: list[str],
+        idle_models: list[str] | None = None,
+        starting: bool = False,
+        failed: dict[str, str] | None = None,
+        server: dict[str, Any] | None = None,
+    ) -> None:
+        self.view = FrontendView(models, set(idle_models or ()))
+        config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
+        readiness = Readiness(starting=starting, failed=dict(failed or {}))
+        self.app = create_inference_app(self.view, config, readiness=readiness)
+
     async def __call__(self, request: Request) -> Response:
-        path = request.scope["path"].rstrip("/") or "/"
-        parts = path.strip("/").split("/")
-        if parts == ["ping"]:
-            if request.method not in ("GET", "POST"):
-                return error_response(405, "MethodNotAllowedException", METHOD_NOT_ALLOWED_MESSAGE)
-            if await self.healthy():
-                return json_response({"status": "Healthy"})
-            return json_response({"status": "Unhealthy"}, 500)
-        if parts[0] == "predictions" and len(parts) in (2, 3) and parts[1] in self.idle:
-            message = no_worker_message(parts[1])
-            return error_response(503, "ServiceUnavailableException", message, {"Retry-After": "1"})
-        if parts[0] == "predictions" and len(parts) in (2, 3):
-            # the model's own application would have taken it: the model is not served
-            return error_response(404, "ModelNotFoundException", f"Model not found: {parts[1]}")
-        return error_response(404, "ResourceNotFoundException", NOT_FOUND_MESSAGE)
+        return await call_app(self.app, request)
 
 
-__all__ = ["Frontend", "cluster_healthy"]
+__all__ = ["Frontend", "FrontendView", "cluster_healthy"]

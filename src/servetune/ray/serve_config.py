@@ -8,7 +8,8 @@ batch size and delay -> ``@serve.batch`` max size and wait, through ``user_confi
 
 Only ``num_replicas``/``autoscaling_config``/``user_config``/``max_ongoing_requests`` changes keep replicas: Ray
 hashes the import path and args into the code version, so anything else redeploys the application. The args carry
-the batch size a replica loads with (the handler's context at ``initialize``); ``user_config`` the live one.
+each version's plan as its replicas load it (the handler's context at ``initialize``); ``user_config`` the live
+batch size, delay and threads.
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ from typing import Any
 
 import yaml
 
-from servetune.ray.plan import FRONTEND_APP, ModelPlan, VersionPlan, deployment_name
+from servetune.config.server import ServerConfig
+from servetune.ray.plan import FRONTEND_APP, ModelPlan, RayVersion, deployment_name
 
 MODEL_APP_IMPORT = "servetune.ray.app:model_app"
 FRONTEND_APP_IMPORT = "servetune.ray.app:frontend_app"
 FRONTEND_DEPLOYMENT = "Frontend"
 DEFAULT_ONGOING_BATCHES = 2
+SERVER_KEYS = ("max_request_size", "max_response_size")  # the server settings a replica's inference API needs
+
+
+def server_settings(config: ServerConfig) -> dict[str, Any]:
+    return {key: getattr(config, key) for key in SERVER_KEYS}
 
 
 def max_ongoing_requests(batch_size: int, batches: int = DEFAULT_ONGOING_BATCHES) -> int:
@@ -36,15 +43,14 @@ def max_ongoing_requests(batch_size: int, batches: int = DEFAULT_ONGOING_BATCHES
     return batches * batch_size
 
 
-def deployment_options(plan: VersionPlan) -> dict[str, Any]:
-    spec = plan.spec
+def deployment_options(plan: RayVersion) -> dict[str, Any]:
     options: dict[str, Any] = {
-        "name": deployment_name(spec.model_name, spec.version),
+        "name": deployment_name(plan.name, plan.version),
         "max_ongoing_requests": max_ongoing_requests(plan.batch_size, plan.ongoing_batches),
-        "max_queued_requests": plan.job_queue_size,
-        "user_config": {"batch_size": plan.batch_size, "max_batch_delay_ms": plan.max_batch_delay_ms},
-        "ray_actor_options": {"num_cpus": plan.num_cpus, "num_gpus": 1 if spec.gpu else 0},
-        "graceful_shutdown_timeout_s": max(5.0, spec.response_timeout_s),
+        "max_queued_requests": plan.plan.job_queue_size,
+        "user_config": plan.user_config(),
+        "ray_actor_options": {"num_cpus": plan.num_cpus, "num_gpus": 1 if plan.plan.gpu else 0},
+        "graceful_shutdown_timeout_s": max(5.0, float(plan.plan.response_timeout_s)),
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
     }
@@ -60,7 +66,7 @@ def deployment_options(plan: VersionPlan) -> dict[str, Any]:
     return options
 
 
-def model_application(model: ModelPlan) -> dict[str, Any]:
+def model_application(model: ModelPlan, server: dict[str, Any]) -> dict[str, Any]:
     """The model's application; versions scaled to 0 workers have no deployment and answer 503 (as TorchServe)."""
     serving = {v: plan for v, plan in sorted(model.versions.items()) if plan.serving}
     return {
@@ -70,15 +76,19 @@ def model_application(model: ModelPlan) -> dict[str, Any]:
         "args": {
             "model": model.name,
             "default_version": model.default_version,
-            "versions": {v: plan.spec.to_dict() for v, plan in serving.items()},
+            "versions": {v: plan.plan.to_json() for v, plan in serving.items()},
             "idle_versions": sorted(v for v in model.versions if v not in serving),
+            "server": server,
         },
         "deployments": [deployment_options(plan) for plan in serving.values()],
     }
 
 
-def frontend_application(models: list[ModelPlan]) -> dict[str, Any]:
-    """``/ping`` over the served models; models whose default version has 0 workers are answered 503 here."""
+def frontend_application(
+    models: list[ModelPlan], server: dict[str, Any], starting: bool = False, failed: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``/ping`` over the served models (Unhealthy while ``starting`` or when a start-up model ``failed``); models
+    whose default version has 0 workers are answered 503 here."""
     return {
         "name": FRONTEND_APP,
         "route_prefix": "/",
@@ -86,19 +96,34 @@ def frontend_application(models: list[ModelPlan]) -> dict[str, Any]:
         "args": {
             "models": sorted(m.name for m in models if m.serving),
             "idle_models": sorted(m.name for m in models if not m.serving),
+            "starting": starting,
+            "failed": dict(failed or {}),
+            "server": server,
         },
         "deployments": [{"name": FRONTEND_DEPLOYMENT, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}],
     }
 
 
 def serve_config(
-    models: list[ModelPlan], *, host: str = "0.0.0.0", port: int = 8000, proxy_location: str = "EveryNode"
+    models: list[ModelPlan],
+    *,
+    host: str = "0.0.0.0",
+    port: int = 8000,
+    proxy_location: str = "EveryNode",
+    server: dict[str, Any] | None = None,
+    starting: bool = False,
+    failed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A multi-application Ray Serve config, valid for ``serve deploy`` and KubeRay's ``serveConfigV2``."""
+    """A multi-application Ray Serve config, valid for ``serve deploy`` and KubeRay's ``serveConfigV2``. ``server``:
+    the settings the inference API needs in the replicas (``servetune.ray.app.SERVER_KEYS``)."""
+    server = dict(server or {})
     return {
         "proxy_location": proxy_location,
         "http_options": {"host": host, "port": port},
-        "applications": [frontend_application(models), *(model_application(m) for m in models if m.serving)],
+        "applications": [
+            frontend_application(models, server, starting, failed),
+            *(model_application(m, server) for m in models if m.serving),
+        ],
     }
 
 
@@ -107,4 +132,11 @@ def write_serve_config(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-__all__ = ["deployment_options", "max_ongoing_requests", "serve_config", "write_serve_config"]
+__all__ = [
+    "SERVER_KEYS",
+    "deployment_options",
+    "max_ongoing_requests",
+    "serve_config",
+    "server_settings",
+    "write_serve_config",
+]

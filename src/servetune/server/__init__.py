@@ -1,7 +1,8 @@
-"""The model server: frontend (three HTTP APIs, registry, batchers, worker pool) and worker processes."""
+"""The native backend: registry, per-model dynamic batcher, worker pool and placement, worker processes."""
 
 from __future__ import annotations
 
-from servetune.server.app import Server, serve
+from servetune.server.app import serve
+from servetune.server.backend import NativeBackend
 
-__all__ = ["Server", "serve"]
+__all__ = ["NativeBackend", "serve"]

@@ -7,48 +7,37 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from dataclasses import dataclass
+
+from servetune.api.types import InferRequest, InferResult
 
 
-@dataclass
-class JobResult:
-    status: int
-    body: bytes
-    content_type: str | None
-    headers: dict[str, str]
-    queue_ms: float = 0.0
-    handler_ms: float = 0.0
-    batch_size: int = 0
-    worker_id: str = ""
-
-
-@dataclass
+@dataclass(slots=True)
 class Job:
-    """One inference request waiting for, or running in, a batch."""
+    """One inference request waiting for, or running in, a batch; its answer arrives on ``future``."""
 
-    request_id: str
-    headers: dict[str, str]
-    inputs: list[tuple[str, str | None, bytes]]  # (parameter name, content type, data)
-    arrival: float  # loop.time() when the request was accepted
-    future: asyncio.Future[JobResult]
-    is_disconnected: Callable[[], bool] | None = None
+    request: InferRequest
+    future: asyncio.Future[InferResult]
     attempts: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def arrival(self) -> float:
+        return self.request.arrival
 
     @property
     def solo(self) -> bool:
         """Runs in a batch of its own (a describe request: the handler reads the header of request 0)."""
-        return bool(self.extra.get("solo"))
+        return self.request.describe
 
     @property
     def abandoned(self) -> bool:
-        return self.future.done() or (self.is_disconnected is not None and self.is_disconnected())
+        gone = self.request.is_disconnected
+        return self.future.done() or (gone is not None and gone())
 
 
 class QueueFull(Exception):
-    """The model's job queue is at capacity."""
+    """The model's job queue is at capacity (internal: the served model answers ``ApiError.queue_full``)."""
 
 
 class Batcher:
@@ -115,7 +104,6 @@ class Batcher:
 
     async def next_batch(self) -> list[Job]:
         """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost."""
-        loop = asyncio.get_running_loop()
         async with self._collecting:
             while True:
                 self._prune()
@@ -126,7 +114,7 @@ class Batcher:
                     return [self._queue.popleft()]
                 deadline = self._queue[0].arrival + self.max_delay_s
                 while len(self._queue) < self.batch_size:
-                    remaining = deadline - loop.time()
+                    remaining = deadline - time.monotonic()
                     if remaining <= 0 or not await self._wait_arrival(remaining):
                         break
                 batch: list[Job] = []

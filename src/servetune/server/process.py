@@ -9,39 +9,30 @@ import os
 import socket
 import sys
 import time
-from typing import Any
 
-from servetune.server.protocol import ProtocolError, encode, read_frame
-
-
-class WorkerDied(Exception):
-    """The worker process exited (or its socket closed) while the frontend needed it."""
-
-
-class WorkerTimeout(Exception):
-    """The worker did not answer within the allowed time."""
-
-
-class WorkerLoadError(Exception):
-    """The worker could not load its model; the message is the handler's own."""
+from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
+from servetune.handlers.spec import CpuSettings, WorkerSpec
+from servetune.server.messages import LoadError, Message, Predict, Ready, Result, decode_message
+from servetune.server.protocol import ProtocolError, read_frame
 
 
 class WorkerProcess:
     """A spawned worker. One batch at a time; the caller serialises ``run`` calls."""
 
-    def __init__(self, worker_id: str, spec: dict[str, Any], env: dict[str, str]) -> None:
+    def __init__(self, worker_id: str, spec: WorkerSpec, env: dict[str, str]) -> None:
         self.worker_id = worker_id
         self.spec = spec
         self.env = env
         self.pid: int | None = None
         self.start_time = time.time()
-        self.gpu_id: int | None = spec.get("gpu_id")
+        self.gpu_id: int | None = spec.gpu_id
         self.load_ms = 0.0
         self.gpu_memory_bytes = 0  # peak GPU memory reserved, as of its last batch
+        self.cpu: CpuSettings | None = None  # as the worker last reported them
         self._proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: asyncio.Future[tuple[dict[str, Any], list[bytes]]] | None = None
-        self._ready: asyncio.Future[tuple[dict[str, Any], list[bytes]]] | None = None
+        self._pending: asyncio.Future[Message] | None = None
+        self._ready: asyncio.Future[Message] | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self.exited = asyncio.Event()
 
@@ -59,7 +50,7 @@ class WorkerProcess:
                 "-m",
                 "servetune.server.worker",
                 str(child.fileno()),
-                json.dumps(self.spec),
+                json.dumps(self.spec.to_json()),
                 pass_fds=(child.fileno(),),
                 env=self.env,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -72,25 +63,29 @@ class WorkerProcess:
         self._ready = loop.create_future()
         self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.worker_id}-reader")
         try:
-            header, _ = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+            message = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except TimeoutError:
             self.kill()
-            raise WorkerTimeout(f"worker did not load its model within {timeout:.0f} s") from None
+            raise WorkerTimeout(f"worker did not load its model within {timeout:g} s") from None
         except WorkerDied:
             raise WorkerLoadError(f"worker process exited while loading (exit code {self._proc.returncode})") from None
-        if header.get("type") == "load_error":
+        if isinstance(message, LoadError):
             await self.wait_exit(5.0)
-            raise WorkerLoadError(str(header.get("message", "unknown error")))
-        self.load_ms = float(header.get("load_ms", 0.0))
+            raise WorkerLoadError(message.message)
+        if not isinstance(message, Ready):
+            self.kill()
+            raise WorkerLoadError(f"worker sent {type(message).__name__} before it was ready")
+        self.load_ms = message.load_ms
+        self.cpu = message.cpu
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         error: BaseException = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
         try:
             while True:
-                frame = await read_frame(reader)
+                message = decode_message(*await read_frame(reader))
                 target = self._ready if self._ready is not None and not self._ready.done() else self._pending
                 if target is not None and not target.done():
-                    target.set_result(frame)
+                    target.set_result(message)
         except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
             if isinstance(exc, ProtocolError):
                 error = WorkerDied(f"worker {self.worker_id} sent a malformed frame: {exc}")
@@ -108,24 +103,28 @@ class WorkerProcess:
                 with contextlib.suppress(Exception):
                     await self._proc.wait()
 
-    async def run(
-        self, header: dict[str, Any], blobs: list[bytes], timeout: float
-    ) -> tuple[dict[str, Any], list[bytes]]:
+    async def run(self, batch: Predict, timeout: float) -> Result:
         """Send one batch and wait for its result."""
         if not self.alive or self._writer is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
         self._pending = asyncio.get_running_loop().create_future()
         try:
-            self._writer.write(encode(header, blobs))
+            self._writer.write(batch.encode())
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
         try:
-            return await asyncio.wait_for(asyncio.shield(self._pending), timeout)
+            message = await asyncio.wait_for(asyncio.shield(self._pending), timeout)
         except TimeoutError:
             raise WorkerTimeout(f"worker {self.worker_id} took longer than {timeout:g} s") from None
         finally:
             self._pending = None
+        if not isinstance(message, Result):
+            raise WorkerDied(f"worker {self.worker_id} answered a batch with {type(message).__name__}")
+        self.gpu_memory_bytes = message.gpu_memory_bytes
+        if message.cpu is not None:
+            self.cpu = message.cpu
+        return message
 
     def kill(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
@@ -158,3 +157,6 @@ class WorkerProcess:
                 return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):
             return 0
+
+
+__all__ = ["WorkerProcess"]

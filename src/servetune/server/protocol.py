@@ -3,8 +3,8 @@
     frame   := u32 payload_length | payload
     payload := u32 header_length | header (UTF-8 JSON object) | blob_0 | blob_1 | ...
 
-The header lists the blob lengths under ``"_blobs"``; bodies travel as raw bytes, never pickled.
-Messages: frontend -> worker ``predict``; worker -> frontend ``ready``, ``load_error``, ``result``.
+The header lists the blob lengths under ``"_blobs"``; bodies travel as raw bytes, never pickled. What the
+headers say is typed in ``servetune.server.messages``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,3 @@ def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], list[bytes]]:
     if length > MAX_FRAME:
         raise ProtocolError(f"frame of {length} bytes is too large")
     return decode(_recv_exactly(sock, length))
-
-
-def send_frame(sock: socket.socket, header: dict[str, Any], blobs: list[bytes] | None = None) -> None:
-    sock.sendall(encode(header, blobs))

@@ -1,8 +1,8 @@
 """The worker process: loads one model with its handler, then runs batches sent by the frontend.
 
 Started by the frontend as ``python -m servetune.server.worker FD SPEC_JSON`` (a fresh interpreter, like
-multiprocessing's spawn), with one end of a socket pair inherited as file descriptor FD. It exits when the
-frontend closes the socket or dies.
+multiprocessing's spawn; SPEC_JSON is a ``servetune.handlers.spec.WorkerSpec``), with one end of a socket pair
+inherited as file descriptor FD. It exits when the frontend closes the socket or dies.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
-from servetune.server.protocol import recv_frame, send_frame
+from servetune.handlers.service import InputParam, Request, Service
+from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, start_service
+from servetune.server.messages import Answer, LoadError, Predict, Ready, Result, decode_message
+from servetune.server.protocol import recv_frame
 
 
 def _die_with_parent() -> None:
@@ -42,53 +44,31 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _load(spec: dict[str, Any]) -> Any:
-    import torch
-
-    if spec.get("num_threads"):
-        torch.set_num_threads(int(spec["num_threads"]))
-    from servetune.handlers.service import load_service
-
-    return load_service(
-        model_dir=Path(spec["model_dir"]),
-        manifest=spec["manifest"],
-        model_name=spec["model_name"],
-        gpu_id=spec.get("gpu_id"),
-        batch_size=int(spec["batch_size"]),
-        model_yaml_config=spec.get("model_yaml_config") or {},
-        limit_max_image_pixels=bool(spec.get("limit_max_image_pixels", True)),
-        decode_input_request=bool(spec.get("decode_input_request", True)),
-    )
-
-
-def _serve(sock: socket.socket, service: Any) -> None:
-    from servetune.handlers.service import InputParam, Request
-
+def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
+    applied = (spec.num_threads, spec.cpu_cores)
+    cpu = cpu_settings()
     while True:
         try:
-            header, blobs = recv_frame(sock)
+            message = decode_message(*recv_frame(sock))
         except EOFError:
             return
-        if header.get("type") != "predict":
+        if not isinstance(message, Predict):
             continue
-        if "batch_size" in header:  # the frontend may change it in place (PUT /models/{name}?batch_size=)
-            service.context.system_properties["batch_size"] = int(header["batch_size"])
-        threads = header.get("num_threads")
-        if threads and (torch := sys.modules.get("torch")) is not None and torch.get_num_threads() != threads:
-            torch.set_num_threads(int(threads))  # the frontend shares the cores anew after scaling
-        requests = []
-        blob_iter = iter(blobs)
-        for item in header["batch"]:
-            inputs = [
-                InputParam(name=p["name"], content_type=p.get("ctype"), data=next(blob_iter)) for p in item["inputs"]
-            ]
-            requests.append(Request(request_id=item["id"], headers=item.get("headers", {}), inputs=inputs))
+        # the frontend may change these in place (PUT /models/{name}?batch_size=&num_threads=&cpu_pinning=)
+        service.context.system_properties["batch_size"] = message.batch_size
+        if (message.num_threads, message.cpu_cores) != applied:
+            apply_cpu(message.num_threads, message.cpu_cores)
+            applied = (message.num_threads, message.cpu_cores)
+            cpu = cpu_settings()
+        requests = [
+            Request(r.request_id, r.headers, [InputParam(i.name, i.content_type, i.data) for i in r.inputs])
+            for r in message.requests
+        ]
         start = time.perf_counter()
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0
-        items = [{"status": r.status, "ctype": r.content_type, "headers": r.headers} for r in responses]
-        header = {"type": "result", "handler_ms": handler_ms, "items": items, "gpu_memory": _gpu_memory()}
-        send_frame(sock, header, [r.body for r in responses])
+        answers = [Answer(r.status, r.body, r.content_type, r.headers) for r in responses]
+        sock.sendall(Result(answers, handler_ms, _gpu_memory(), cpu).encode())
 
 
 def _gpu_memory() -> int:
@@ -100,20 +80,21 @@ def _gpu_memory() -> int:
 
 
 def main(argv: list[str]) -> int:
-    fd, spec = int(argv[1]), json.loads(argv[2])
+    fd, raw = int(argv[1]), json.loads(argv[2])
     _die_with_parent()
     # The frontend owns shutdown: ignore Ctrl-C sent to the whole process group, exit on SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     start = time.perf_counter()
+    spec: Any = None
     try:
-        service = _load(spec)
+        spec = WorkerSpec.from_json(raw)
+        service = start_service(spec)
     except BaseException as exc:  # any load failure is reported to the frontend, verbatim
-        message = f"{type(exc).__name__}: {exc}"
-        send_frame(sock, {"type": "load_error", "message": message, "traceback": traceback.format_exc()})
+        sock.sendall(LoadError(f"{type(exc).__name__}: {exc}", traceback.format_exc()).encode())
         return 1
-    send_frame(sock, {"type": "ready", "pid": os.getpid(), "load_ms": (time.perf_counter() - start) * 1000.0})
-    _serve(sock, service)
+    sock.sendall(Ready(os.getpid(), (time.perf_counter() - start) * 1000.0, cpu_settings()).encode())
+    _serve(sock, service, spec)
     return 0
 
 

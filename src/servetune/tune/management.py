@@ -10,15 +10,9 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from servetune._exceptions import ServetuneError
+from servetune._exceptions import ManagementError
 
-
-class ManagementError(ServetuneError):
-    """The management API refused a call; ``status`` is its HTTP status (0 when it could not be reached)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["ManagementClient", "ManagementError", "worker_memory"]
 
 
 class ManagementClient:

@@ -71,7 +71,7 @@ class RayKind(TargetKind):
             )
         from servetune.config.server import ServerConfig
         from servetune.ray import require_ray
-        from servetune.ray.driver import check_config
+        from servetune.ray.backend import check_config
 
         try:
             check_config(ServerConfig.from_properties(dict(study.server)))

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from servetune import __version__
-
-if TYPE_CHECKING:
-    from servetune.server.registry import ModelRegistry
 
 _ERROR = {
     "type": "object",
@@ -45,7 +42,7 @@ def _path_param(name: str) -> dict[str, Any]:
     return {"in": "path", "name": name, "required": True, "schema": {"type": "string"}}
 
 
-def inference_spec(registry: ModelRegistry | None = None) -> dict[str, Any]:
+def inference_spec(models: list[str] | None = None) -> dict[str, Any]:
     body = {
         "content": {
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
@@ -77,8 +74,18 @@ def inference_spec(registry: ModelRegistry | None = None) -> dict[str, Any]:
             **{k: {**v, "operationId": f"{v['operationId']}Version"} for k, v in predict_ops.items()},
         },
     }
-    if registry is not None:
-        spec["x-models"] = sorted(registry.models)
+    explain_ops: dict[str, dict[str, Any]] = {
+        k: {**v, "operationId": str(v["operationId"]).replace("predictions", "explanations")}
+        for k, v in predict_ops.items()
+    }
+    versioned: dict[str, Any] = {k: {**v, "operationId": f"{v['operationId']}Version"} for k, v in explain_ops.items()}
+    spec["paths"]["/explanations/{model_name}"] = {"parameters": [_path_param("model_name")], **explain_ops}
+    spec["paths"]["/explanations/{model_name}/{model_version}"] = {
+        "parameters": [_path_param("model_name"), _path_param("model_version")],
+        **versioned,
+    }
+    if models is not None:
+        spec["x-models"] = sorted(models)
     return spec
 
 
@@ -102,6 +109,7 @@ def management_spec() -> dict[str, Any]:
                     query("url", required=True),
                     query("model_name"),
                     query("handler"),
+                    query("runtime"),
                     query("batch_size", "integer"),
                     query("max_batch_delay", "integer"),
                     query("initial_workers", "integer"),
@@ -130,6 +138,9 @@ def management_spec() -> dict[str, Any]:
                     query("synchronous", "boolean"),
                     query("batch_size", "integer"),
                     query("max_batch_delay", "integer"),
+                    query("num_threads", "integer"),
+                    query("inter_op_threads", "integer"),
+                    query("cpu_pinning", "boolean"),
                 ],
                 "responses": {
                     "200": _json(_STATUS, "Scaled"),
@@ -156,6 +167,9 @@ def management_spec() -> dict[str, Any]:
                     query("synchronous", "boolean"),
                     query("batch_size", "integer"),
                     query("max_batch_delay", "integer"),
+                    query("num_threads", "integer"),
+                    query("inter_op_threads", "integer"),
+                    query("cpu_pinning", "boolean"),
                 ],
                 "responses": {
                     "200": _json(_STATUS, "Scaled"),

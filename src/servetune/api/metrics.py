@@ -1,16 +1,22 @@
-"""Prometheus metrics: TorchServe's names (exact) plus real histograms per model."""
+"""Prometheus metrics: TorchServe's names (exact) plus real histograms per model, and the metrics API (port 8082).
+
+The API layer observes every request (``observe_request``); a backend adds what only it knows: batch sizes
+(``observe_batch``) and gauges of its workers and queues (``register`` a collector, see :class:`ModelGauges`).
+"""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-if TYPE_CHECKING:
-    from servetune.server.model import ServedModel
+from servetune.api.http import exception_handlers, json_response
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
@@ -44,8 +50,11 @@ class _TorchServeCounters:
             yield metric
 
 
-class _ModelGauges:
-    def __init__(self, models: Callable[[], list[ServedModel]]) -> None:
+class ModelGauges:
+    """``servetune_workers`` and ``servetune_queue_depth`` per model version, read when scraped from ``models()``:
+    (name, version, ready workers, requests waiting)."""
+
+    def __init__(self, models: Callable[[], list[tuple[str, str, int, int]]]) -> None:
         self._models = models
 
     def collect(self) -> Iterator[Metric]:
@@ -55,19 +64,23 @@ class _ModelGauges:
         queue = GaugeMetricFamily(
             "servetune_queue_depth", "Requests waiting in the model's queue", labels=["model_name", "model_version"]
         )
-        for model in self._models():
-            workers.add_metric([model.name, model.version], model.ready_workers)
-            queue.add_metric([model.name, model.version], len(model.batcher))
+        for name, version, ready, waiting in self._models():
+            workers.add_metric([name, version], ready)
+            queue.add_metric([name, version], waiting)
         yield workers
         yield queue
 
 
-class ServerMetrics:
-    def __init__(self, models: Callable[[], list[ServedModel]]) -> None:
+class ApiMetrics:
+    """The metrics of the requests this process answers. ``observing=False``: a registry for collectors only (the
+    Ray driver, which answers no prediction itself but sums its replicas' reports)."""
+
+    def __init__(self, observing: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        if not observing:
+            return
         self.ts = _TorchServeCounters(socket.gethostname())
         self.registry.register(self.ts)  # type: ignore[arg-type]
-        self.registry.register(_ModelGauges(models))  # type: ignore[arg-type]
         labels = ["model_name", "model_version"]
         self.latency = Histogram(
             "servetune_request_latency_seconds",
@@ -117,5 +130,39 @@ class ServerMetrics:
         if bucket:
             self.ts.status_classes[bucket] += 1
 
-    def observe_batch(self, model: ServedModel, size: int) -> None:
-        self.batch_size.labels(model.name, model.version).observe(size)
+    def observe_batch(self, model: str, version: str, size: int) -> None:
+        self.batch_size.labels(model, version).observe(size)
+
+    def register(self, collector: object) -> None:
+        """Add a backend's own collector (anything with ``collect()``), e.g. :class:`ModelGauges`."""
+        self.registry.register(collector)  # type: ignore[arg-type]
+
+
+def create_metrics_app(metrics: ApiMetrics) -> Starlette:
+    """``GET /metrics[?name[]=...]`` in Prometheus text format, never token-checked (as TorchServe)."""
+
+    async def metrics_endpoint(request: Request) -> Response:
+        names = request.query_params.getlist("name[]")
+        registry = metrics.registry.restricted_registry(names) if names else metrics.registry
+        return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def api_description(request: Request) -> Response:
+        return json_response(
+            {
+                "openapi": "3.0.1",
+                "info": {"title": "servetune metrics API", "version": "1"},
+                "paths": {
+                    "/metrics": {
+                        "get": {"operationId": "metrics", "responses": {"200": {"description": "Prometheus text"}}}
+                    }
+                },
+            }
+        )
+
+    return Starlette(
+        routes=[Route("/metrics", metrics_endpoint, methods=["GET"]), Route("/", api_description, methods=["OPTIONS"])],
+        exception_handlers=exception_handlers(),
+    )
+
+
+__all__ = ["ApiMetrics", "ModelGauges", "create_metrics_app"]

@@ -17,12 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.responses import Response
-
-from servetune.server.http import error_response
-
 _BEARER = re.compile(r"^Bearer\s+(\S+)$")
-AUTH_FAILED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 
 
 def _new_key() -> str:
@@ -80,7 +75,3 @@ class TokenStore:
 
 def _iso(ts: float | None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts or 0))
-
-
-def auth_failed() -> Response:
-    return error_response(400, "InvalidKeyException", AUTH_FAILED, {"WWW-Authenticate": "Bearer"})

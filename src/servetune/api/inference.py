@@ -1,0 +1,174 @@
+"""TorchServe's inference API (port 8080): ``/ping``, ``/predictions``, ``/explanations``, the API description.
+
+Written once over an :class:`~servetune.api.types.InferenceBackend`: the native server, a Ray model replica and the
+Ray frontend each serve this same app over their own backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from servetune._exceptions import ApiError
+from servetune.api.auth import TokenStore
+from servetune.api.body import parse_inputs, read_body
+from servetune.api.http import NO_CACHE_HEADERS, error_response, exception_handlers, json_response
+from servetune.api.metrics import ApiMetrics
+from servetune.api.openapi import inference_spec
+from servetune.api.types import InferenceBackend, InferRequest, InferResult
+from servetune.config.server import ServerConfig
+
+QUEUE_HEADER = "X-Servetune-Queue-Ms"
+HANDLER_HEADER = "X-Servetune-Handler-Ms"
+BATCH_HEADER = "X-Servetune-Batch-Size"
+CLIENT_GONE = 499  # nginx's "client closed request": nobody is left to read the answer
+
+
+@dataclass
+class Readiness:
+    """Whether the server has finished loading its start-up models, and which of them failed to load.
+
+    ``/ping`` is Healthy only once ``starting`` is over, no start-up model failed, and the backend is healthy; while
+    starting, a prediction for a model not registered yet gets 503 (it may be a start-up model still loading), not
+    404: once ``/ping`` has said Healthy, no prediction for a start-up model gets 404.
+    """
+
+    starting: bool = False
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def client_gone(request: Request) -> tuple[asyncio.Task[None], list[bool]]:
+    """Watch the connection while the request waits for its batch: a client that went away is dropped from the
+    queue instead of run. Returns the watcher (cancel it when done) and a flag cell."""
+    gone = [False]
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                gone[0] = True
+                return
+
+    return asyncio.create_task(watch()), gone
+
+
+async def infer_http(
+    backend: InferenceBackend,
+    request: Request,
+    name: str,
+    version: str | None,
+    config: ServerConfig,
+    request_id: str,
+    *,
+    explain: bool = False,
+) -> InferResult:
+    """Read, parse and run one HTTP prediction request (raises ApiError)."""
+    body = await read_body(request, config.max_request_size)
+    inputs = await parse_inputs(request, body)
+    headers = dict(request.headers)
+    headers["explain"] = "True" if explain else headers.get("explain", "False")
+    watcher, gone = client_gone(request)
+    job = InferRequest(request_id, headers, inputs, time.monotonic(), lambda: gone[0])
+    try:
+        return await backend.infer(name, version, job)
+    finally:
+        watcher.cancel()
+
+
+def result_response(result: InferResult, request_id: str, max_response_size: int) -> Response:
+    if len(result.body) > max_response_size:
+        return error_response(ApiError.response_too_large(len(result.body), max_response_size))
+    headers = {
+        **NO_CACHE_HEADERS,
+        **result.headers,
+        QUEUE_HEADER: f"{result.queue_ms:.3f}",
+        HANDLER_HEADER: f"{result.handler_ms:.3f}",
+        BATCH_HEADER: str(result.batch_size),
+        "x-request-id": request_id,
+    }
+    return Response(result.body, result.status, headers, media_type=result.content_type)
+
+
+def create_inference_app(
+    backend: InferenceBackend,
+    config: ServerConfig,
+    *,
+    tokens: TokenStore | None = None,
+    metrics: ApiMetrics | None = None,
+    readiness: Readiness | None = None,
+) -> Starlette:
+    require_token = tokens is not None and config.inference_token_authorization
+    readiness = readiness or Readiness()
+
+    def authorize(request: Request) -> None:
+        if require_token and not (
+            tokens is not None and tokens.check("inference", request.headers.get("authorization"))
+        ):
+            raise ApiError.invalid_key()
+
+    async def ping(request: Request) -> Response:
+        if not config.open_ping:
+            authorize(request)
+        if not readiness.starting and not readiness.failed and await backend.healthy():
+            return json_response({"status": "Healthy"})
+        payload: dict[str, object] = {"status": "Unhealthy"}
+        if readiness.failed:
+            payload["failedModels"] = dict(readiness.failed)
+        return json_response(payload, 500)
+
+    async def api_description(request: Request) -> Response:
+        return json_response(inference_spec(sorted({m.name for m in backend.models()})))
+
+    async def predict(request: Request, explain: bool) -> Response:
+        authorize(request)
+        received = time.perf_counter()
+        name = request.path_params["model"]
+        version = request.path_params.get("version")
+        request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+        try:
+            result = await infer_http(backend, request, name, version, config, request_id, explain=explain)
+        except ApiError as exc:
+            if exc.status == 404 and readiness.starting:
+                exc = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+            if metrics is not None:
+                metrics.observe_status(exc.status)
+            return error_response(exc)
+        except asyncio.CancelledError:
+            return Response(b"", CLIENT_GONE)  # the client went away before its batch was sent
+        if metrics is not None:
+            metrics.observe_request(
+                name,
+                result.version or version or "",
+                result.status,
+                time.perf_counter() - received,
+                result.queue_ms / 1000.0,
+                result.handler_ms / 1000.0 or None,
+            )
+        return result_response(result, request_id, config.max_response_size)
+
+    async def predictions(request: Request) -> Response:
+        return await predict(request, explain=False)
+
+    async def explanations(request: Request) -> Response:
+        return await predict(request, explain=True)
+
+    routes = [
+        Route("/", api_description, methods=["OPTIONS"]),
+        Route("/api-description", api_description, methods=["GET", "OPTIONS"]),
+        Route("/ping", ping, methods=["GET", "POST"]),
+        Route("/predictions/{model}", predictions, methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", predictions, methods=["POST", "PUT"]),
+        Route("/explanations/{model}", explanations, methods=["POST", "PUT"]),
+        Route("/explanations/{model}/{version}", explanations, methods=["POST", "PUT"]),
+    ]
+    return Starlette(routes=routes, exception_handlers=exception_handlers())
+
+
+__all__ = ["Readiness", "create_inference_app", "infer_http", "result_response"]

@@ -1,0 +1,260 @@
+"""TorchServe's management API (port 8081) over a :class:`~servetune.api.types.Backend`: register, list, describe,
+scale, unregister, set-default, tokens; and servetune's in-place changes (``PUT ?batch_size=&num_threads=...``).
+
+Register follows TorchServe's steps (``ApiUtils.handleRegister``): plan the version from its archive, add it with
+0 workers, then scale it; a synchronous start that fails unregisters the version before the 500 goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from servetune._exceptions import ApiError, WorkerError
+from servetune.api import params as p
+from servetune.api import sources
+from servetune.api.auth import TokenStore
+from servetune.api.describe import describe
+from servetune.api.http import exception_handlers, json_response
+from servetune.api.openapi import management_spec
+from servetune.api.plan import RegisterParams, VersionPlan
+from servetune.api.types import Backend, InferRequest, Input, ModelRef, Reconfigure
+from servetune.config.server import ServerConfig
+
+log = logging.getLogger("servetune.api")
+
+SCALE_WAIT_S = 120.0  # a synchronous scale on a backend that cannot track its workers waits this long, then 206
+
+
+class Management:
+    """The operations behind the routes, usable without HTTP (start-up models are registered through here)."""
+
+    def __init__(self, backend: Backend, config: ServerConfig) -> None:
+        self.backend = backend
+        self.config = config
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ---- lookup ------------------------------------------------------------------------------
+
+    def versions(self, name: str, version: str | None) -> list[ModelRef]:
+        """The versions a path names (``all``: every one); ApiError 404 for an unknown model or version."""
+        refs = [m for m in self.backend.models() if m.name == name]
+        if not refs:
+            raise ApiError.model_not_found(name)
+        if version == "all":
+            return refs
+        if version is None:
+            return [r for r in refs if r.is_default][:1] or refs[:1]
+        found = [r for r in refs if r.version == version]
+        if not found:
+            raise ApiError.version_not_found(name, version)
+        return found
+
+    # ---- register / scale / unregister -------------------------------------------------------
+
+    async def register(self, params: RegisterParams) -> tuple[int, str]:
+        path = await sources.resolve(params.url, self.config.model_store, self.config.allowed_urls)
+        plan = await self.backend.plan(str(path), params)
+        await self.backend.add(plan)
+        name, version, workers = plan.name, plan.version, plan.min_workers
+        if workers == 0:
+            return 200, (
+                f'Model "{name}" Version: {version} registered with 0 initial workers. '
+                "Use scale workers API to add workers for the model."
+            )
+        if not params.synchronous:
+            self.spawn(self._start_or_remove(plan))
+            return 202, "Processing worker updates..."
+        await self._start_or_remove(plan)
+        return 200, f'Model "{name}" Version: {version} registered with {workers} initial workers'
+
+    async def _start_or_remove(self, plan: VersionPlan) -> None:
+        failure = ""
+        try:
+            if not await self.backend.scale(
+                plan.name, plan.version, plan.min_workers, plan.max_workers, float(plan.startup_timeout_s)
+            ):
+                failure = f"workers did not start within startup_timeout={plan.startup_timeout_s} s"
+        except WorkerError as exc:
+            failure = str(exc)
+        if failure:
+            await self.backend.remove(plan.name, plan.version, 0.0)
+            raise ApiError.internal(f"Failed to start workers for model {plan.name} version {plan.version}: {failure}")
+
+    async def scale(
+        self, name: str, version: str | None, workers: tuple[int, int], synchronous: bool, wait_s: float
+    ) -> tuple[int, str]:
+        if not synchronous:
+            self.spawn(self.backend.scale(name, version, *workers, 0.0))
+            return 202, "Processing worker updates..."
+        try:
+            done = await self.backend.scale(name, version, *workers, wait_s)
+        except WorkerError as exc:
+            raise ApiError.internal(f"Failed to start workers for model {name}: {exc}") from None
+        if not done:
+            return 206, "Workers scaling in progress..."
+        suffix = "" if version is None else f", version: {version}"
+        return 200, f"Workers scaled to {workers[0]} for model: {name}{suffix}"
+
+    async def reconfigure(self, name: str, version: str | None, change: Reconfigure) -> str:
+        await self.backend.reconfigure(name, version, change)
+        status = await self.backend.status(name, version)
+        parts = []
+        if change.batch_size is not None or change.max_batch_delay_ms is not None:
+            parts.append(
+                f"Batching set to batch_size={status.batch_size}, max_batch_delay={status.max_batch_delay_ms} "
+                f"for model: {name}"
+            )
+        if change.num_threads is not None or change.inter_op_threads is not None or change.cpu_pinning is not None:
+            parts.append(
+                f"Threads set to num_threads={status.num_threads}, inter_op_threads={status.inter_op_threads}, "
+                f"cpu_pinning={str(status.cpu_pinning).lower()} for model: {name}"
+            )
+        return "; ".join(parts)
+
+    async def unregister(self, name: str, version: str | None) -> str:
+        refs = self.versions(name, version)
+        everything = self.versions(name, "all")
+        if version is not None and refs[0].is_default and len(everything) > 1:
+            raise ApiError.invalid_version(f"Cannot remove default version {version} for model {name}")
+        await self.backend.remove(name, version, self.config.shutdown_grace_period)
+        return f'Model "{name}" unregistered'
+
+    async def customized_metadata(self, name: str, version: str) -> Any:
+        """Ask the handler (``describe_handle``) through a describe request in a batch of its own, as TorchServe."""
+        request = InferRequest(
+            str(uuid.uuid4()), {"describe": "True"}, [Input("body", None, b"")], time.monotonic(), describe=True
+        )
+        try:
+            result = await self.backend.infer(name, version, request)
+        except ApiError as exc:
+            if exc.status != 503:
+                raise
+            raise ApiError.unavailable(f"Model {name} has no worker available to describe it") from None
+        if result.status != 200:
+            raise ApiError.internal(f"Describe failed for model {name}: {result.body.decode(errors='replace')}")
+        try:
+            return json.loads(result.body)
+        except json.JSONDecodeError:
+            return result.body.decode(errors="replace")
+
+    # ---- background work ---------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background worker update failed: %s", t.exception())
+
+        task.add_done_callback(done)
+
+    def cancel_background(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+
+
+def create_management_app(management: Management, tokens: TokenStore | None) -> Starlette:
+    backend, config = management.backend, management.config
+
+    def authorize(request: Request) -> None:
+        if tokens is not None and not tokens.check("management", request.headers.get("authorization")):
+            raise ApiError.invalid_key()
+
+    def model_api_enabled() -> None:
+        if not config.enable_model_api:
+            raise ApiError.method_not_allowed()
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        if request.method == "GET":
+            names = sorted({m.name: m for m in backend.models() if m.is_default}.items())
+            start, limit = p.page(request.query_params, len(names))
+            payload: dict[str, Any] = {}
+            if start + limit < len(names):
+                payload["nextPageToken"] = str(start + limit)
+            payload["models"] = [{"modelName": n, "modelUrl": ref.url} for n, ref in names[start : start + limit]]
+            return json_response(payload)
+        model_api_enabled()
+        params = p.register_params(await p.request_params(request), config.max_workers_per_model)
+        status, message = await management.register(params)
+        return json_response({"status": message}, status)
+
+    async def model(request: Request) -> Response:
+        authorize(request)
+        name = request.path_params["name"]
+        version = request.path_params.get("version")
+        if request.method == "GET":
+            refs = management.versions(name, version)
+            described = [describe(await backend.status(name, r.version)) for r in refs]
+            if request.query_params.get("customized", "").lower() == "true":
+                for entry, ref in zip(described, refs, strict=True):
+                    entry["customizedMetadata"] = await management.customized_metadata(name, ref.version)
+            return json_response(described)
+        if request.method == "DELETE":
+            model_api_enabled()
+            return json_response({"status": await management.unregister(name, version)})
+        # PUT: scale workers, and (servetune's extension) change batching and threads in place
+        params = dict(request.query_params)
+        version = version or params.get("model_version")
+        management.versions(name, version)
+        change = p.reconfigure_params(params)
+        scaling = change.empty or "min_worker" in params or "max_worker" in params
+        workers = p.scale_params(params, config.max_workers_per_model)  # validated before anything changes
+        messages = []
+        if not change.empty:
+            messages.append(await management.reconfigure(name, version, change))
+        status = 200
+        if scaling:
+            wait_s = float(p.lenient_int(params, "timeout") or SCALE_WAIT_S)
+            status, scaled = await management.scale(
+                name, version, workers, p.java_bool(params, "synchronous", False), max(wait_s, 0.0)
+            )
+            messages.append(scaled)
+        return json_response({"status": "; ".join(messages)}, status)
+
+    async def set_default(request: Request) -> Response:
+        authorize(request)
+        name, version = request.path_params["name"], request.path_params["version"]
+        management.versions(name, version)
+        await backend.set_default(name, version)
+        return json_response({"status": f'Default version successfully updated for model "{name}" to "{version}"'})
+
+    async def token(request: Request) -> Response:
+        if tokens is None:
+            raise ApiError.bad_request("Token authorization is disabled")
+        if not tokens.check("API", request.headers.get("authorization")):
+            raise ApiError.invalid_key()
+        kind = request.query_params.get("type", "")
+        if kind not in ("management", "inference"):
+            raise ApiError.bad_request(f"type must be management or inference, got {kind!r}")
+        return json_response({kind: {"key": tokens.regenerate(kind)}})
+
+    async def api_description(request: Request) -> Response:
+        return json_response(management_spec())
+
+    routes = [
+        Route("/", api_description, methods=["OPTIONS"]),
+        Route("/api-description", api_description, methods=["GET", "OPTIONS"]),
+        Route("/models", models, methods=["GET", "POST"]),
+        Route("/models/{name}", model, methods=["GET", "PUT", "DELETE"]),
+        Route("/models/{name}/{version}", model, methods=["GET", "PUT", "DELETE"]),
+        Route("/models/{name}/{version}/set-default", set_default, methods=["PUT"]),
+        Route("/token", token, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers=exception_handlers())
+
+
+__all__ = ["Management", "create_management_app"]

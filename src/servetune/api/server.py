@@ -1,0 +1,210 @@
+"""The server's life, the same on every backend: bind the APIs, load the start-up models, say it is ready, serve
+until a signal, shut down.
+
+ApiServer(config, backend).run()  ->  backend.open()  ->  bind (inference unless the backend serves it itself,
+management, metrics)  ->  register the start-up models (``/ping`` answers 500 meanwhile)  ->  ready file and
+``Model server started.``  ->  wait for SIGTERM/SIGINT  ->  stop accepting, finish in-flight requests within the
+grace period, ``backend.close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from servetune._exceptions import ApiError, ConfigError
+from servetune.api.auth import TokenStore
+from servetune.api.http import without_trailing_slash
+from servetune.api.inference import Readiness, create_inference_app
+from servetune.api.management import Management, create_management_app
+from servetune.api.metrics import create_metrics_app
+from servetune.api.plan import RegisterParams
+from servetune.api.types import Backend
+from servetune.config.server import Address, ServerConfig
+from servetune.ready import ReadyInfo
+
+log = logging.getLogger("servetune.server")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class EmbeddedUvicorn(uvicorn.Server):
+    """A uvicorn server that leaves signals to us: several of them share one loop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind_socket(address: Address) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only when it sees the TCP protocol
+    # number, and without NODELAY every keep-alive response waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address.host, address.port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot bind {address.url()}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def startup_models(config: ServerConfig, cli_models: tuple[str, ...]) -> list[tuple[str | None, str]]:
+    """``--models``/``load_models`` entries as (name or None, url); ``all`` means every archive in the store."""
+    entries = cli_models or config.load_models
+    out: list[tuple[str | None, str]] = []
+    for entry in entries:
+        if entry in ("standalone", "none"):
+            continue
+        if entry == "all":
+            if config.model_store is None:
+                raise ConfigError("load_models=all needs a model store (--model-store)")
+            for path in sorted(config.model_store.iterdir()):
+                if path.name.endswith((".mar", ".tar.gz", ".tgz")) or (path / "MAR-INF").is_dir():
+                    out.append((None, path.name))
+            continue
+        name, sep, url = entry.partition("=")
+        out.append((name, url) if sep else (None, entry))
+    return out
+
+
+def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        loop="asyncio",
+        http="httptools",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
+        limit_concurrency=None,
+    )
+
+
+class ApiServer:
+    def __init__(
+        self, config: ServerConfig, backend: Backend, models: tuple[str, ...] = (), ready_file: Path | None = None
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.models = models
+        self.ready_file = ready_file
+        self.management = Management(backend, config)
+        self.readiness = Readiness()
+        self.tokens: TokenStore | None = None
+        self.urls: dict[str, str] = {}
+        self._servers: list[EmbeddedUvicorn] = []
+        self._stop = asyncio.Event()
+
+    def run(self) -> int:
+        """Connect the backend on the main thread, then serve on an event loop until a signal."""
+        self.backend.open()
+        return asyncio.run(self.serve())
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            tasks = self.bind()
+            await self.load_startup_models()
+            await self._stop.wait()
+        finally:
+            await self.shutdown(tasks)
+        return 0
+
+    def bind(self) -> list[asyncio.Task[Any]]:
+        config, backend = self.config, self.backend
+        if config.token_auth:
+            self.tokens = TokenStore(config.key_file, config.token_expiration_min)
+        apps: list[tuple[str, Address, Any]] = []
+        if backend.inference_url is None:
+            inference = create_inference_app(
+                backend, config, tokens=self.tokens, metrics=backend.metrics, readiness=self.readiness
+            )
+            apps.append(("inference", config.inference_address, inference))
+        else:
+            self.urls["inference"] = backend.inference_url
+        apps.append(("management", config.management_address, create_management_app(self.management, self.tokens)))
+        if config.enable_metrics_api and backend.metrics is not None:
+            apps.append(("metrics", config.metrics_address, create_metrics_app(backend.metrics)))
+        tasks = []
+        for name, address, app in apps:
+            sock = bind_socket(address)
+            self.urls[name] = address.url(sock.getsockname()[1])
+            server = EmbeddedUvicorn(uvicorn_config(without_trailing_slash(app), config))
+            self._servers.append(server)
+            tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=f"http-{name}"))
+        for name, url in self.urls.items():
+            say(f"{name.capitalize()} API bound to {url}")
+        if self.tokens is not None:
+            say(f"Token authorization is on; keys are in {config.key_file.resolve()} (mode 0600)")
+        if any(
+            a.host not in LOOPBACK
+            for a in (config.inference_address, config.management_address, config.metrics_address)
+        ):
+            say("WARNING: an API listens beyond loopback; make sure token authorization stays on")
+        return tasks
+
+    async def load_startup_models(self) -> None:
+        """Register every start-up model (concurrently) before saying the server is up; ``/ping`` says Unhealthy
+        meanwhile, and stays so if one fails to load."""
+        self.readiness.starting = True
+        entries = startup_models(self.config, self.models)
+
+        async def load(name: str | None, url: str) -> None:
+            params = RegisterParams(url=url, model_name=name, loaded_at_startup=True)
+            try:
+                _, message = await self.management.register(params)
+                say(message)
+            except ApiError as exc:
+                self.readiness.failed[name or url] = exc.message
+                say(f"ERROR: failed to load model {name or url}: {exc.message}")
+
+        await asyncio.gather(*(load(name, url) for name, url in entries))
+        await self.backend.started(dict(self.readiness.failed))
+        self.readiness.starting = False
+        if self.ready_file is not None:
+            models: dict[str, list[str]] = {}
+            for ref in self.backend.models():
+                models.setdefault(ref.name, []).append(ref.version)
+            info = ReadyInfo(os.getpid(), self.backend.name, dict(self.urls), models, dict(self.readiness.failed))
+            info.write(self.ready_file)
+        say("Model server started.")
+
+    async def shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
+        say("Model server stopping: finishing in-flight requests")
+        for server in self._servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.management.cancel_background()
+        await self.backend.close(grace_s=0.0)
+        if self.tokens is not None:
+            self.tokens.remove()
+        say("Model server stopped.")
+
+
+def say(message: str) -> None:
+    """Lines for the operator (and for TorchServe's tooling, which waits for ``Model server started.``)."""
+    print(message, flush=True, file=sys.stdout)
+
+
+__all__ = ["ApiServer", "EmbeddedUvicorn", "bind_socket", "say", "startup_models"]

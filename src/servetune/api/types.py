@@ -1,0 +1,207 @@
+"""The whole contract between the API layer and a backend, in one small module.
+
+Every wire protocol (TorchServe's inference, management and metrics APIs today) is written once in ``servetune.api``
+against :class:`Backend`; the native server (``servetune.server``) and Ray Serve (``servetune.ray``) implement it.
+A request: the protocol parses it into an :class:`InferRequest` and calls ``Backend.infer``; the backend batches it
+and answers an :class:`InferResult`, or raises ``ApiError`` (unknown model, no worker, full queue, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from servetune.api.metrics import ApiMetrics
+    from servetune.api.plan import RegisterParams, VersionPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name."""
+
+    name: str
+    content_type: str | None
+    data: bytes
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One inference request, as every protocol hands it to a backend: one item of the model's dynamic batch."""
+
+    request_id: str
+    headers: dict[str, str]
+    inputs: list[Input]
+    arrival: float  # time.monotonic() when the server accepted it (the batcher's delay counts from here)
+    is_disconnected: Callable[[], bool] | None = None  # the client went away: drop it rather than run it
+    describe: bool = False  # a describe request (``?customized=true``): runs in a batch of its own
+
+
+@dataclass(slots=True)
+class InferResult:
+    """The handler's answer to one request, with where its time went."""
+
+    status: int
+    body: bytes
+    content_type: str | None
+    headers: dict[str, str] = field(default_factory=dict)
+    queue_ms: float = 0.0  # accepted -> its batch sent to a worker
+    handler_ms: float = 0.0  # the handler's time on the whole batch
+    batch_size: int = 0  # requests in the batch it ran in
+    worker_id: str = ""
+    version: str = ""  # the model version that served it (metrics are labelled with it)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A registered model version."""
+
+    name: str
+    version: str
+    url: str  # as registered: what the management API reports as ``modelUrl``
+    is_default: bool
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker process (native) or replica (Ray), as describe reports it."""
+
+    id: str
+    status: str  # READY, STARTING, RESTARTING, CRASHED, UNLOADING
+    start_time: float = 0.0  # epoch seconds
+    pid: int = -1
+    memory_bytes: int = 0
+    gpu_id: int | None = None
+    gpu_memory_bytes: int = 0
+    restarts: int = 0
+    last_error: str = ""
+    # as the worker process itself reports them (None: not known yet)
+    num_threads: int | None = None
+    inter_op_threads: int | None = None
+    cpu_cores: tuple[int, ...] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific fields (Ray: ``node``)
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """Everything describe reports about a model version; ``servetune.api.describe`` turns it into TorchServe's JSON."""
+
+    plan: VersionPlan
+    is_default: bool
+    min_workers: int
+    max_workers: int
+    batch_size: int
+    max_batch_delay_ms: int
+    healthy: bool
+    workers: list[WorkerStatus]
+    device_type: str
+    crash_loop: bool = False
+    queue_capacity: int | None = None  # None: the backend does not expose its queue
+    queue_pending: int | None = None
+    num_threads: int = 0  # configured intra-op threads per worker (0: automatic share)
+    inter_op_threads: int = 0
+    cpu_pinning: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific fields (Ray: ``backend``, ``deployment``)
+
+
+@dataclass(frozen=True)
+class Reconfigure:
+    """servetune's in-place changes of a registered version (``PUT /models/{name}?batch_size=...``); None: unchanged."""
+
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    num_threads: int | None = None
+    inter_op_threads: int | None = None  # needs new workers: the backend restarts them
+    cpu_pinning: bool | None = None
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, name) is None for name in self.__dataclass_fields__)
+
+
+class InferenceBackend(Protocol):
+    """What an inference-side protocol needs: serve a request, say what is registered, say whether it is ready."""
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
+        """Run one request through the model's batcher; raises ``ApiError`` (404 unknown, 503 no worker/full)."""
+        ...
+
+    def models(self) -> list[ModelRef]:
+        """Every registered version, sorted by name then version."""
+        ...
+
+    async def healthy(self) -> bool:
+        """TorchServe's ``/ping`` rule: every model's default version has at least ``minWorkers`` ready workers."""
+        ...
+
+    async def ready(self, name: str, version: str | None) -> bool:
+        """This version (default: the default one) has at least its ``minWorkers`` ready; raises ApiError 404."""
+        ...
+
+
+class Backend(InferenceBackend, Protocol):
+    """A whole model server behind TorchServe's APIs. Register and scale follow TorchServe's steps: ``plan`` the
+    version from its archive, ``add`` it (0 workers), ``scale`` it; a failed synchronous start is undone with
+    ``remove``. The API layer owns the parameters, the messages and the status codes."""
+
+    name: str  # "native", "ray"
+    metrics: ApiMetrics | None
+
+    @property
+    def inference_url(self) -> str | None:
+        """Where the backend serves inference itself (Ray's proxy); None: the API layer binds the inference API."""
+        ...
+
+    def open(self) -> None:
+        """Connect (before the event loop runs: Ray installs signal handlers on the main thread)."""
+        ...
+
+    async def started(self, failed: dict[str, str]) -> None:
+        """The start-up models are loaded (``failed``: those that did not load, and why)."""
+        ...
+
+    async def close(self, grace_s: float) -> None:
+        """Finish in-flight work within ``grace_s``, stop every worker, disconnect."""
+        ...
+
+    async def plan(self, archive_path: str, params: RegisterParams) -> VersionPlan:
+        """Read the archive at ``archive_path`` and plan the version (``servetune.api.plan.plan_version``)."""
+        ...
+
+    async def add(self, plan: VersionPlan) -> None:
+        """Register the version (409 if it exists); a new model takes it as its default. It serves once ``scale``
+        has run; a backend may start deploying the planned workers at once (Ray does: one deploy, not two)."""
+        ...
+
+    async def scale(self, name: str, version: str | None, min_workers: int, max_workers: int, wait_s: float) -> bool:
+        """Set the version's workers; wait up to ``wait_s`` (0: do not wait) for them. True when done, False when
+        still in progress; raises ``WorkerError`` when a new worker cannot start."""
+        ...
+
+    async def remove(self, name: str, version: str | None, grace_s: float) -> None:
+        """Unregister a version (the API layer has checked the default-version rule)."""
+        ...
+
+    async def set_default(self, name: str, version: str) -> None: ...
+
+    async def reconfigure(self, name: str, version: str | None, change: Reconfigure) -> None:
+        """Apply in-place changes (batching, threads, pinning) from the next batch on."""
+        ...
+
+    async def status(self, name: str, version: str | None) -> ModelStatus:
+        """Describe one version (raises ApiError 404)."""
+        ...
+
+
+__all__ = [
+    "Backend",
+    "InferRequest",
+    "InferResult",
+    "InferenceBackend",
+    "Input",
+    "ModelRef",
+    "ModelStatus",
+    "Reconfigure",
+    "WorkerStatus",
+]

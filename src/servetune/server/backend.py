@@ -1,0 +1,136 @@
+"""The native backend: servetune's own frontend process and worker processes behind TorchServe's APIs.
+
+Archives are extracted into a private working directory (never into the model store); each version is a
+:class:`~servetune.server.model.ServedModel` with its batcher and worker pool; one :class:`Placement` shares the
+host's GPUs and cores among every model's workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from servetune._exceptions import ApiError, ArchiveError
+from servetune.api.metrics import ApiMetrics, ModelGauges
+from servetune.api.plan import RegisterParams, VersionPlan, plan_version
+from servetune.api.types import InferRequest, InferResult, ModelRef, ModelStatus, Reconfigure
+from servetune.archive import open_archive
+from servetune.config.server import ServerConfig
+from servetune.hardware import detect_gpus
+from servetune.server.model import ServedModel
+from servetune.server.placement import Placement
+from servetune.server.registry import ModelRegistry
+
+
+class NativeBackend:
+    name = "native"
+    inference_url: str | None = None
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.registry = ModelRegistry()
+        gpus = detect_gpus()
+        self.placement = Placement(gpus if config.number_of_gpu is None else min(config.number_of_gpu, gpus))
+        self.metrics: ApiMetrics | None = ApiMetrics()
+        self.metrics.register(
+            ModelGauges(lambda: [(m.name, m.version, m.ready_workers, len(m.batcher)) for m in self.registry.all()])
+        )
+        self._workdir = Path(tempfile.mkdtemp(prefix="servetune-models-"))
+        self._extracted: dict[str, Path] = {}  # model dir -> the extraction directory to delete with it
+
+    def open(self) -> None:
+        """Nothing to connect to: workers start when models scale."""
+
+    async def started(self, failed: dict[str, str]) -> None:
+        """The inference API reads the start-up outcome itself."""
+
+    @property
+    def device_type(self) -> str:
+        return "gpu" if self.placement.gpus else "cpu"
+
+    def default_workers(self) -> int:
+        """Workers of a start-up model that names none: ``default_workers_per_model``, else a GPU's or a CPU's."""
+        return self.config.default_workers_per_model or self.placement.gpus or os.cpu_count() or 1
+
+    # ---- inference ---------------------------------------------------------------------------
+
+    async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
+        return await self.registry.get(name, version).submit(request)
+
+    def models(self) -> list[ModelRef]:
+        return [ModelRef(m.name, m.version, m.plan.url, self.registry.is_default(m)) for m in self.registry.all()]
+
+    async def healthy(self) -> bool:
+        return all(self.registry.get(name).healthy() for name in self.registry.models)
+
+    async def ready(self, name: str, version: str | None) -> bool:
+        return self.registry.get(name, version).healthy()
+
+    # ---- management --------------------------------------------------------------------------
+
+    async def plan(self, archive_path: str, params: RegisterParams) -> VersionPlan:
+        """Extract the archive into the working directory (a directory archive is used in place) and plan it; the
+        plan's ``archive`` is the directory the workers load from."""
+        dest = Path(tempfile.mkdtemp(prefix="archive-", dir=self._workdir))
+        try:
+            archive = await asyncio.to_thread(open_archive, Path(archive_path), dest)
+            plan = plan_version(self.config, archive, Path(archive_path), params, self.default_workers())
+        except ArchiveError as exc:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise ApiError.bad_archive(f"Failed to open model archive {params.url}: {exc}") from None
+        except ApiError:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        self._extracted[str(archive.model_dir)] = dest
+        return VersionPlan(**{**plan.__dict__, "archive": str(archive.model_dir)})
+
+    async def add(self, plan: VersionPlan) -> None:
+        model = ServedModel(plan, Path(plan.archive), self.placement, self._observe_batch)
+        try:
+            self.registry.add(model)
+        except ApiError:
+            self._forget(plan.archive)
+            raise
+
+    def _observe_batch(self, name: str, version: str, size: int) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_batch(name, version, size)
+
+    async def scale(self, name: str, version: str | None, min_workers: int, max_workers: int, wait_s: float) -> bool:
+        """Workers start here, so a scale always runs to its end (``wait_s`` is for backends that cannot tell)."""
+        await self.registry.get(name, version).scale(min_workers, max_workers)
+        return True
+
+    async def remove(self, name: str, version: str | None, grace_s: float) -> None:
+        model = self.registry.get(name, version)
+        self.registry.remove(model)
+        await model.close(grace_s)
+        self._forget(model.plan.archive)
+
+    async def set_default(self, name: str, version: str) -> None:
+        self.registry.set_default(name, version)
+
+    async def reconfigure(self, name: str, version: str | None, change: Reconfigure) -> None:
+        await self.registry.get(name, version).reconfigure(change)
+
+    async def status(self, name: str, version: str | None) -> ModelStatus:
+        model = self.registry.get(name, version)
+        device = model.plan.config.device_type or self.device_type
+        return model.status(self.registry.is_default(model), device)
+
+    async def close(self, grace_s: float) -> None:
+        models = self.registry.all()
+        await asyncio.gather(*(m.close(grace_s) for m in models), return_exceptions=True)
+        self.registry = ModelRegistry()
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _forget(self, model_dir: str) -> None:
+        dest = self._extracted.pop(model_dir, None)
+        if dest is not None:
+            shutil.rmtree(dest, ignore_errors=True)
+
+
+__all__ = ["NativeBackend"]

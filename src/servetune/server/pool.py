@@ -1,0 +1,338 @@
+"""The worker pool of one served model: worker slots that take batches from the model's batcher, run them on their
+worker process, supervise it (restart with backoff, crash-loop detection) and scale in and out.
+
+A batch always gets answered: one result per request from the worker, or one error each (504 when the worker timed
+out and is replaced, 503 when it died, broke the one-result-per-request invariant, or the frontend failed) — a slot
+never leaves a request waiting, and keeps serving after any of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from servetune._exceptions import ApiError, WorkerDied, WorkerError, WorkerTimeout
+from servetune.api.types import InferResult, WorkerStatus
+from servetune.server.batcher import Job
+from servetune.server.messages import Predict
+from servetune.server.process import WorkerProcess
+
+if TYPE_CHECKING:
+    from servetune.server.model import ServedModel
+
+log = logging.getLogger("servetune.pool")
+
+RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+HEALTHY_AFTER_S = 60.0  # a worker that ran this long resets its slot's crash count
+FIRST_WORKER_ID = 9000  # TorchServe numbers its workers from 9000
+
+
+@dataclass
+class WorkerSlot:
+    """A place for one worker; it keeps its crash history across restarts."""
+
+    slot_id: int
+    worker: WorkerProcess | None = None
+    task: asyncio.Task[None] | None = None
+    busy: bool = False
+    retiring: bool = False
+    crashes: int = 0
+    last_error: str = ""
+    status: str = "STARTING"
+
+    @property
+    def worker_id(self) -> str:
+        return str(FIRST_WORKER_ID + self.slot_id)
+
+
+class WorkerPool:
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
+        self._slots: list[WorkerSlot] = []
+        self._next_slot = 0
+        self._lock = asyncio.Lock()
+        self.closed = False
+
+    # ---- state -------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for s in self._slots if s.status == "READY" and not s.retiring)
+
+    @property
+    def active(self) -> list[WorkerSlot]:
+        return [s for s in self._slots if not s.retiring]
+
+    @property
+    def serving(self) -> bool:
+        """Some worker serves, or is (re)starting: requests may queue. False when none is, or every one is crashed."""
+        return any(s.status != "CRASHED" for s in self.active)
+
+    @property
+    def crash_loop(self) -> bool:
+        """A worker slot failed three or more times in a row and has not come back yet."""
+        return any(s.crashes >= 3 and s.status != "READY" for s in self._slots)
+
+    @property
+    def busy(self) -> bool:
+        return any(s.busy for s in self._slots)
+
+    def position(self, slot: WorkerSlot) -> int:
+        """The slot's place among the active ones (its cores follow it)."""
+        active = self.active
+        return active.index(slot) if slot in active else len(active)
+
+    # ---- running batches ---------------------------------------------------------------------
+
+    async def _dispatch(self, slot: WorkerSlot, worker: WorkerProcess, batch: list[Job]) -> None:
+        model = self.model
+        started = time.monotonic()
+        for job in batch:
+            job.attempts += 1
+        placement, key = model.placement, model.key
+        predict = Predict(
+            [j.request for j in batch],
+            model.plan.batch_size,
+            placement.threads(key),
+            placement.cores(key, self.position(slot)),
+        )
+        try:
+            result = await worker.run(predict, float(model.plan.response_timeout_s))
+        except WorkerTimeout as exc:
+            log.error("model %s: %s; replacing the worker", model.name, exc)
+            worker.kill()
+            self._fail(batch, ApiError.timeout(str(exc)))
+            raise
+        except WorkerDied as exc:
+            self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
+            raise
+        if len(result.answers) != len(batch):
+            message = (
+                f"worker {worker.worker_id} answered {len(result.answers)} results for a batch of {len(batch)} "
+                "requests (one per request expected); every request of the batch failed"
+            )
+            log.error("model %s: %s", model.name, message)
+            self._fail(batch, ApiError.unavailable(message))
+            return
+        for job, answer in zip(batch, result.answers, strict=True):
+            if not job.future.done():
+                job.future.set_result(
+                    InferResult(
+                        answer.status,
+                        answer.body,
+                        answer.content_type,
+                        answer.headers,
+                        queue_ms=(started - job.arrival) * 1000.0,
+                        handler_ms=result.handler_ms,
+                        batch_size=len(batch),
+                        worker_id=worker.worker_id,
+                        version=model.version,
+                    )
+                )
+        model.observe_batch(len(batch))
+
+    @staticmethod
+    def _fail(jobs: list[Job], error: ApiError) -> None:
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(error)
+
+    # ---- supervision -------------------------------------------------------------------------
+
+    async def _start_worker(self, slot: WorkerSlot) -> WorkerProcess:
+        model = self.model
+        placement, key = model.placement, model.key
+        threads = placement.threads(key)
+        spec = model.plan.worker_spec(
+            model.model_dir,
+            gpu_id=placement.gpu(model.plan, slot.slot_id),
+            num_threads=threads,
+            cpu_cores=placement.cores(key, self.position(slot)),
+        )
+        worker = WorkerProcess(slot.worker_id, spec, placement.environment(threads))
+        slot.status = "STARTING"
+        await worker.start(float(model.plan.startup_timeout_s))
+        return worker
+
+    async def _slot_loop(self, slot: WorkerSlot, first: WorkerProcess | None) -> None:
+        """Run batches on this slot's worker; on a crash, restart with backoff until retired."""
+        worker = first
+        while not slot.retiring and not self.closed:
+            if worker is None:
+                delay = RESTART_BACKOFF_S[min(max(slot.crashes - 1, 0), len(RESTART_BACKOFF_S) - 1)]
+                if delay:
+                    await asyncio.sleep(delay)
+                if slot.retiring or self.closed:
+                    return
+                try:
+                    worker = await self._start_worker(slot)
+                except (WorkerError, OSError) as exc:
+                    slot.crashes += 1
+                    slot.last_error = str(exc)
+                    slot.status = "CRASHED"
+                    log.error("model %s: worker restart failed (%d in a row): %s", self.model.name, slot.crashes, exc)
+                    continue
+            slot.worker = worker
+            slot.status = "READY"
+            started = time.monotonic()
+            served = 0
+            try:
+                while not slot.retiring and not self.closed:
+                    batch = await self._next_batch_or_exit(worker)
+                    if batch is None:
+                        break
+                    slot.busy = True
+                    try:
+                        await self._dispatch(slot, worker, batch)
+                        served += 1
+                    except WorkerError:
+                        raise
+                    except Exception as exc:  # a bug of ours must not leave the batch's requests waiting
+                        log.exception("model %s: batch failed in the frontend", self.model.name)
+                        self._fail(batch, ApiError.unavailable(f"Batch failed in the frontend: {exc!r}"))
+                    finally:
+                        slot.busy = False
+            except WorkerError as exc:
+                slot.last_error = str(exc)
+            if slot.retiring or self.closed:
+                return
+            # The worker is gone (or was killed for a timeout): count it and start another.
+            worker.kill()
+            await worker.wait_exit(5.0)
+            if served or time.monotonic() - started > HEALTHY_AFTER_S:
+                slot.crashes = 0  # it worked before it died: a fault, not a crash loop
+            slot.crashes += 1
+            slot.status = "RESTARTING"
+            log.error("model %s: worker %s (pid %s) exited; restarting", self.model.name, worker.worker_id, worker.pid)
+            slot.worker = None
+            worker = None
+
+    async def _next_batch_or_exit(self, worker: WorkerProcess) -> list[Job] | None:
+        """The next batch, or None as soon as the worker process exits while idle."""
+        batcher = self.model.batcher
+        batch_task = asyncio.ensure_future(batcher.next_batch())
+        exit_task = asyncio.ensure_future(worker.exited.wait())
+        try:
+            done, _ = await asyncio.wait({batch_task, exit_task}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # Retired while waiting: make sure a batch collected in the same instant goes back to the queue.
+            batch_task.cancel()
+            try:
+                collected = await batch_task
+            except asyncio.CancelledError:
+                pass
+            else:
+                batcher.put_front(collected)
+            raise
+        finally:
+            exit_task.cancel()
+        if batch_task in done:
+            batch = batch_task.result()
+            if worker.alive:
+                return batch
+            batcher.put_front(batch)  # died in the same instant: give the jobs back
+            return None
+        batch_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await batch_task
+        return None
+
+    # ---- scaling -----------------------------------------------------------------------------
+
+    async def scale(self, workers: int) -> None:
+        """Start or retire workers until ``workers`` serve; raises WorkerError if a new one cannot start."""
+        async with self._lock:
+            active = self.active
+            if len(active) < workers:
+                new_slots = [self._new_slot() for _ in range(workers - len(active))]
+                self._slots.extend(new_slots)  # placed now: their positions give them their cores
+                results = await asyncio.gather(*(self._start_worker(s) for s in new_slots), return_exceptions=True)
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors:
+                    for slot, r in zip(new_slots, results, strict=True):
+                        self._slots.remove(slot)
+                        if isinstance(r, WorkerProcess):
+                            await r.stop()
+                    raise errors[0]
+                for slot, worker in zip(new_slots, results, strict=True):
+                    assert isinstance(worker, WorkerProcess)
+                    slot.worker = worker
+                    slot.status = "READY"
+                    slot.task = asyncio.create_task(
+                        self._slot_loop(slot, worker), name=f"{self.model.name}-{slot.slot_id}"
+                    )
+            elif len(active) > workers:
+                # Retire idle workers first, the newest first (the oldest are warm and keep their ids); a busy one
+                # finishes its batch before it stops.
+                victims = sorted(active, key=lambda s: (s.busy, -s.slot_id))[: len(active) - workers]
+                await asyncio.gather(*(self._retire(s) for s in victims))
+
+    async def restart(self) -> None:
+        """Replace every worker, one at a time, so that the model keeps serving (settings read at start changed)."""
+        for slot in list(self.active):
+            async with self._lock:
+                fresh = self._new_slot()
+                self._slots.append(fresh)
+                try:
+                    worker = await self._start_worker(fresh)
+                except BaseException:
+                    self._slots.remove(fresh)
+                    raise
+                fresh.worker, fresh.status = worker, "READY"
+                fresh.task = asyncio.create_task(
+                    self._slot_loop(fresh, worker), name=f"{self.model.name}-{fresh.slot_id}"
+                )
+                await self._retire(slot)
+
+    def _new_slot(self) -> WorkerSlot:
+        slot = WorkerSlot(self._next_slot)
+        self._next_slot += 1
+        return slot
+
+    async def _retire(self, slot: WorkerSlot) -> None:
+        slot.retiring = True
+        slot.status = "UNLOADING"
+        if slot.task is not None:
+            if not slot.busy:
+                slot.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await slot.task
+        if slot.worker is not None:
+            await slot.worker.stop()
+        self._slots.remove(slot)
+
+    async def close(self) -> None:
+        self.closed = True
+        await asyncio.gather(*(self._retire(s) for s in list(self._slots)))
+
+    # ---- describe ----------------------------------------------------------------------------
+
+    def statuses(self) -> list[WorkerStatus]:
+        out = []
+        for slot in self._slots:
+            w = slot.worker
+            cpu = w.cpu if w is not None else None
+            out.append(
+                WorkerStatus(
+                    id=w.worker_id if w is not None else slot.worker_id,
+                    status=slot.status,
+                    start_time=w.start_time if w is not None else 0.0,
+                    pid=w.pid if w is not None and w.pid else -1,
+                    memory_bytes=w.memory_bytes() if w is not None else 0,
+                    gpu_id=w.gpu_id if w is not None else None,
+                    gpu_memory_bytes=w.gpu_memory_bytes if w is not None else 0,
+                    restarts=slot.crashes,
+                    last_error=slot.last_error,
+                    num_threads=cpu.num_threads if cpu is not None else None,
+                    inter_op_threads=cpu.inter_op_threads if cpu is not None else None,
+                    cpu_cores=cpu.cpu_cores if cpu is not None else None,
+                )
+            )
+        return out
+
+
+__all__ = ["FIRST_WORKER_ID", "WorkerPool", "WorkerSlot"]
