@@ -8,9 +8,10 @@ the workers (``?inter_op_threads=``); the family differs -> unregister and regis
 set threads and pinning in place (it does not echo them in describe) gets them written into the family's archive
 (``numThreads``, ``interOpThreads``, ``cpuPinning`` in its model-config.yaml), one archive per setting.
 
-After every change that sets threads or pinning, each worker's own figures (describe's ``numThreads``,
-``interOpThreads``, ``cpuCores``, read by the worker process itself) are checked against what was asked, and kept
-with the trial: a trial never measures a config it did not get.
+After a load run that set threads or pinning, each worker's own figures (describe's ``numThreads``,
+``interOpThreads``, ``cpuCores``, read by the worker process itself, which applies a change from its next batch)
+are checked against what was asked, and kept with the trial: a run on a config the workers did not take is an
+error, never a measurement.
 """
 
 from __future__ import annotations
@@ -70,29 +71,25 @@ class TrialRunner:
             Trial, index=index, config=config, repeat=proposal.repeat, started_at=stamp, reason=proposal.reason
         )
         try:
-            placement = self.configure(config)
+            self.configure(config)
         except ManagementError as exc:
-            self._served.clear()
+            if exc.status != 400:  # a refused change leaves the model as it was; anything else: start afresh
+                self._served.clear()
             trial: Trial = make(status="error", error=str(exc))
             return dataclasses.replace(trial, wall_s=round(time.monotonic() - started, 3))
         setup_s = time.monotonic() - started
         try:
-            trial = self._measure(config, make, placement)
+            trial = self._measure(config, make)
         except (BenchError, ConfigError) as exc:
             trial = make(status="error", error=f"load run failed: {exc}")
         return dataclasses.replace(trial, setup_s=round(setup_s, 3), wall_s=round(time.monotonic() - started, 3))
 
     # ---- configuring ----------------------------------------------------------------------------------------
 
-    def configure(self, point: Point) -> dict[str, tuple[dict[str, Any], ...]]:
-        """Put every model in its part of ``point``; return each model's workers as they report themselves, when a
-        thread or pinning knob was set."""
-        placement = {}
+    def configure(self, point: Point) -> None:
+        """Put every model in its part of ``point``."""
         for name, config in zip(self.study.model_names, point.parts, strict=True):
             self._configure(name, config)
-            if not default_knobs(config) or self._in_place:
-                placement[name] = self._check_workers(name, config)
-        return {name: workers for name, workers in placement.items() if workers}
 
     def _configure(self, name: str, config: Config) -> None:
         management = self.target.management
@@ -109,6 +106,8 @@ class TrialRunner:
                 params.update(batch_size=config.batch_size, max_batch_delay=config.batch_delay_ms)
             knobs = self._knob_params(old, config)  # the archive is the same: they can change in place, or may
             params.update(knobs)
+            if knobs and config.workers < old.workers:
+                management.scale(name, config.workers)  # fewer workers first: pinned core sets must fit them
             if "batch_size" in params:
                 self._rebatch = management.rebatch(name, workers=config.workers, **params)
                 if not self._rebatch:
@@ -195,19 +194,9 @@ class TrialRunner:
             raise
         return True
 
-    def _check_workers(self, name: str, config: Config) -> tuple[dict[str, Any], ...]:
-        """Each worker's threads and cores as it reports them, checked against ``config``."""
-        described = self.target.management.describe(name)
-        workers = [w for w in described.get("workers") or [] if isinstance(w, Mapping)]
-        found = tuple({k: w[k] for k in PLACEMENT_KEYS if k in w} for w in workers)
-        problems = placement_problems(config, found)
-        if problems:
-            raise ManagementError(f"{name}: the workers did not take the config {config.key}: {problems}", 0)
-        return found
-
     # ---- measuring ------------------------------------------------------------------------------------------
 
-    def _measure(self, point: Point, make: Callable[..., Trial], placement: Mapping[str, Any]) -> Trial:
+    def _measure(self, point: Point, make: Callable[..., Trial]) -> Trial:
         load = self.measurer.load
         measurer = self.measurer
         if load.mode == "capacity":
@@ -229,15 +218,23 @@ class TrialRunner:
             clients = measurer.clients(point)
             result, extra, shape = measurer.closed(point, clients), {}, {"concurrency": clients}
         memory = gpu_memory = 0
-        for name in self.study.model_names:
+        placement: dict[str, tuple[dict[str, Any], ...]] = {}
+        problems = []
+        for name, config in zip(self.study.model_names, point.parts, strict=True):
             try:
                 described = self.target.management.describe(name)
             except ManagementError:
                 described = {}
             memory += worker_memory(described)
             gpu_memory += worker_memory(described, "gpuMemoryUsage")
-        return make(status="ok", result=result, memory_bytes=memory, gpu_memory_bytes=gpu_memory, load=shape,
-                    placement=dict(placement), **extra)  # fmt: skip
+            if not default_knobs(config) or self._in_place:
+                workers = [w for w in described.get("workers") or [] if isinstance(w, Mapping)]
+                placement[name] = tuple({k: w[k] for k in PLACEMENT_KEYS if k in w} for w in workers)
+                if problem := placement_problems(config, placement[name]):
+                    problems.append(f"{name}: the workers did not take {config.key}: {problem}")
+        status, error = ("error", "; ".join(problems)) if problems else ("ok", "")
+        return make(status=status, error=error, result=result, memory_bytes=memory, gpu_memory_bytes=gpu_memory,
+                    load=shape, placement=placement, **extra)  # fmt: skip
 
 
 def placement_problems(config: Config, workers: tuple[Mapping[str, Any], ...]) -> str:

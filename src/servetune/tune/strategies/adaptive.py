@@ -28,7 +28,7 @@ from collections.abc import Generator
 from servetune.tune.space import Axis, Space, cheap_order
 from servetune.tune.strategies.base import Plan, Proposal, Strategy
 from servetune.tune.strategies.bounds import Bounds
-from servetune.tune.study import Point, Study
+from servetune.tune.study import Config, Point, Study
 from servetune.tune.trial import Trial, Verdict
 
 RISE = 0.02  # a score must beat the previous one by this fraction to count as rising (noise)
@@ -117,33 +117,39 @@ class AdaptiveSearch(Strategy):
         return current
 
     def _bottleneck_climb(self, start: Point) -> Plan:
-        """An app's ladders: give more to the model that limits the app (the busiest workers), one step at a time:
-        a worker more, a larger batch, more threads, or a worker taken from the least busy model (the cores change
-        hands); move to the best step while it beats the current point by more than noise."""
+        """An app's walk: from the current point, try its neighbours most promising first (the highest throughput
+        bound from the batch curves; before those are known, the steps that give more to the busiest model: a larger
+        batch, a worker more, a worker taken from the least busy model) and move to the first that beats it by more
+        than noise; stop where none does. A first improvement costs one or two trials, where measuring every
+        neighbour of every point on the way would cost a dozen."""
         current = start
         while True:
-            order = self._load_order(current)
-            if not order:
+            for candidate in self._ranked(current):
+                if not self.measured(candidate):
+                    yield from self._measure(candidate, f"next to {current.key}")
+                if self.measured(candidate) and better(self._verdict(candidate), self._verdict(current)):
+                    current = candidate
+                    break
+            else:
                 return
-            busiest, idlest = order[0], order[-1]
-            name = self.space.models[busiest]
-            steps: list[Point | None] = [
-                self.space.step(current, (busiest, "workers"), 1),
-                self.space.step(current, (busiest, "batch_size"), 1),
-                self.space.step(current, (busiest, "threads"), 1),
-            ]
-            if idlest != busiest and (up := steps[0]) is not None:
-                steps.append(self.space.step(up, (idlest, "workers"), -1))
-            wave = cheap_order(p for p in steps if p is not None and not self.pruned(p))
-            for config in wave:
-                yield from self._measure(config, f"{name} limits the app: give it more")
-            measured = [p for p in wave if self.measured(p)]
-            if not measured:
-                return
-            challenger = max(measured, key=lambda p: self._verdict(p).score)
-            if not better(self._verdict(challenger), self._verdict(current)):
-                return
-            current = challenger
+
+    def _ranked(self, point: Point) -> list[Point]:
+        """``point``'s neighbours not ruled out, most promising first."""
+        order = self._load_order(point)
+        rank = {i: r for r, i in enumerate(order)}
+        knob_rank = {"batch_size": 0, "workers": 1, "threads": 2}
+
+        def key(candidate: Point) -> tuple[float, int, int]:
+            changed = [i for i, (a, b) in enumerate(zip(point.parts, candidate.parts, strict=True)) if a != b]
+            more = [i for i in changed if _grows(point.parts[i], candidate.parts[i])]
+            model = rank.get(more[0], len(order)) if more else len(order) + 1
+            knob = min((knob_rank.get(k, 3) for i in changed for k in _knobs(point.parts[i], candidate.parts[i])),
+                       default=3)  # fmt: skip
+            bound = self.bounds.throughput(candidate)
+            return (-(bound if bound is not None else math.inf), model, knob)
+
+        candidates = [n for n in self.space.neighbours(point) if not self.pruned(n)]
+        return sorted(candidates, key=key)
 
     def _load_order(self, point: Point) -> list[int]:
         """The point's models, busiest workers first: the share of its workers' time each model's stage kept them
@@ -237,6 +243,16 @@ class AdaptiveSearch(Strategy):
             and a.batch_size < b.batch_size
             and self.space.family(a).load.batch_monotone(a.workers, a.batch_size)
         )
+
+
+def _grows(a: Config, b: Config) -> bool:
+    """``b`` gives its model more than ``a``: more workers, a larger batch or more threads."""
+    return (b.workers, b.batch_size, b.threads) > (a.workers, a.batch_size, a.threads) and b.family == a.family
+
+
+def _knobs(a: Config, b: Config) -> list[str]:
+    return [k for k in ("batch_size", "workers", "threads", "batch_delay_ms", "inter_op_threads", "pinning")
+            if getattr(a, k) != getattr(b, k)]  # fmt: skip
 
 
 def _families(point: Point) -> tuple[str, ...]:
