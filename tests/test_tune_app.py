@@ -56,6 +56,15 @@ def test_an_app_study_is_the_product_of_its_models_spaces(files: Path) -> None:
     assert load_study(write(files, app()), devices={"cpu"}).fingerprint() != before
 
 
+def test_references_name_configs_of_the_whole_app(files: Path) -> None:
+    data = app(references={"detector tuned alone": {"detector": {"workers": 2, "batch_size": 2}}})
+    study = load_study(write(files, data), devices={"cpu"})
+    [(label, config)] = study.references
+    assert label == "detector tuned alone"
+    assert config == AppConfig((Config("detector/eager/cpu", 2, 2, 100), Config("pose/eager/cpu", 1, 1, 100)))
+    assert study.fingerprint() == load_study(write(files, app()), devices={"cpu"}).fingerprint()  # adds, changes none
+
+
 def test_a_share_move_gives_a_worker_from_one_model_to_another(files: Path) -> None:
     study = load_study(write(files, app()), devices={"cpu"})
     space = Space(study)
@@ -104,6 +113,9 @@ def change(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("mix", {"detector": 1, "pose": 1}, r"^pipeline, mix: give one"),
         ("objective", {"cost": {"cpu": 1}}, r"^objective=\{'cost': \{'cpu': 1\}\}: expected throughput"),
         ("ray_address", "head:6379", r"^ray_address='head:6379': only used with backend ray"),
+        ("references", {"x": {"posture": {}}}, r"^references\.x\.posture=\{\}: expected a config of one of the"),
+        ("references", {"x": {"pose": {"workers": 0}}}, r"^references\.x\.pose\.workers=0: expected a whole"),
+        ("references", {"x": {"pose": {"device": "cuda"}}}, r"^references\.x\.pose: eager/cuda is not one of"),
     ],
 )
 def test_invalid_app_studies_name_the_key_and_value(files: Path, path: str, value: Any, pattern: str) -> None:

@@ -73,6 +73,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> TuneResult:
         "sla": {"mean_ms": SLA_MS},
         "load": {"duration": "3s", "warmup": "0.5s"},
         "strategy": {"name": "adaptive", "remeasure": 1},
+        "references": {"each model's solo best": {"a": {"workers": 2}, "b": {"workers": 2}}},
     }
     (folder / "app.yaml").write_text(yaml.safe_dump(study))
     return tune(load_study(folder / "app.yaml"), folder / "out")
@@ -91,6 +92,9 @@ def test_the_tuner_finds_the_apps_best_split(tuned: TuneResult) -> None:
 
 def test_the_report_shows_each_models_figures_beside_the_apps(tuned: TuneResult) -> None:
     report = (tuned.out_dir / "report.md").read_text()
+    [(label, solo)] = tuned.analysis.references
+    assert label == "each model's solo best" and solo.config == AppConfig((part("a", 2), part("b", 2)))
+    assert not solo.verdict.passed and "## Beside the references" in report
     assert "a: eager on cpu, 2 workers, batch 1, delay 10 ms; b: eager on cpu, 1 worker" in report
     assert "| model | config | throughput |" in report and "| a P99 | b P99 |" in report
     assert "the default config (each model: 1 worker, batch 1, eager)" in report
@@ -107,3 +111,31 @@ def test_the_deployed_config_serves_both_models(tuned: TuneResult) -> None:
     assert yaml.safe_load(deployment.model_configs["a"].read_text())["minWorkers"] == 2
     assert yaml.safe_load(deployment.model_configs["b"].read_text())["minWorkers"] == 1
     assert Path(deployment.folder / "model-store" / "b" / "MAR-INF" / "MANIFEST.json").exists()
+
+
+def test_a_mix_is_loaded_in_its_shares_and_its_capacity_found(tmp_path: Path) -> None:
+    """Two models loaded side by side, one request of A for two of B, each on its own slot: A (80 ms a call) serves
+    12.5/s at most, B (40 ms) 25/s, so the app's capacity in these shares is at most 3 x 12.5 = 37.5 requests/s
+    (A's share is a third): the open-loop search brackets it from below."""
+    for name, cost in (("a", 80.0), ("b", 40.0)):
+        cost_archive(tmp_path / "store", tmp_path / f"locks-{name}", a_ms=cost - 20, b_ms=20, slots=1, name=name)
+    (tmp_path / "input.txt").write_text("hello")
+    space = {"workers": [1], "batch_size": [1], "batch_delay_ms": [10]}
+    study = {
+        "app": "mixed",
+        "models": {
+            "a": {"archive": "store/a.mar", "input": "input.txt", "space": space},
+            "b": {"archive": "store/b.mar", "input": "input.txt", "space": space},
+        },
+        "mix": {"a": 1, "b": 2},
+        "sla": {"p99_ms": 500},
+        "load": {"mode": "capacity", "duration": "2s", "warmup": "0.5s", "steps": 3},
+        "strategy": {"name": "grid", "remeasure": 0},
+    }
+    (tmp_path / "app.yaml").write_text(yaml.safe_dump(study))
+    result = tune(load_study(tmp_path / "app.yaml"), tmp_path / "out")
+    [trial] = result.trials
+    assert trial.status == "ok" and trial.result is not None and trial.capacity_rps is not None
+    assert 0.4 * 37.5 < trial.capacity_rps < 1.15 * 37.5
+    a, b = trial.result.stages["a"], trial.result.stages["b"]
+    assert b.throughput_rps == pytest.approx(2 * a.throughput_rps, rel=0.15)  # the shares were kept

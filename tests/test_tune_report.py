@@ -118,3 +118,17 @@ def test_plots_are_legible_at_their_size() -> None:
     cells = [t.get_text() for t in plots["heatmap-eager-cpu.png"].axes[0].texts]
     assert sorted(cells) == ["2.60", "3.50"]
     assert [number(v) for v in (3.5, 47.23, 120.4, 0.0123)] == ["3.50", "47.2", "120", "0.0123"]
+
+
+def test_workers_that_did_not_take_the_config_are_named() -> None:
+    from servetune.tune.runner import placement_problems
+
+    config = Config("eager/cpu", 2, 1, 10, threads=1, pinning=True)
+    good = ({"numThreads": 1, "cpuCores": [0]}, {"numThreads": 1, "cpuCores": [1]})
+    assert placement_problems(config, good) == ""
+    assert "numThreads=['2'] (asked 1)" in placement_problems(config, ({"numThreads": 2, "cpuCores": [0]},))
+    assert "cpuCores overlap" in placement_problems(config, ({"numThreads": 1, "cpuCores": [0]},) * 2)
+    old_server = ({"pid": 1},)  # a server that reports neither: it cannot be checked, and says why
+    assert "numThreads not reported" in placement_problems(config, old_server)
+    assert "does not support cpuPinning" in placement_problems(config, old_server)
+    assert placement_problems(Config("eager/cpu", 1, 1, 10), old_server) == ""  # nothing asked, nothing to check

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from servetune.tune.study import Study
 
 FINGERPRINT_VERSION = 1
-UNMEASURED = ("budget", "notes", "source", "backend_address")
+UNMEASURED = ("budget", "notes", "source", "backend_address", "references")  # references add trials, change none
 # field -> default, for fields that came after version 1
 LATER_STUDY: dict[str, Any] = {"backend": "native", "options": {}, "models": (), "pipeline": (), "mix": ()}
 LATER_FAMILY: dict[str, Any] = {

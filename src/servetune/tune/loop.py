@@ -111,12 +111,14 @@ class _Run:
         self.next_index = max((t.index for t in previous.values()), default=-1) + 1
         with TuneProgress(self.console, f"tune {self.study.model}", budget_s=self.study.budget.seconds) as bar:
             self.bar = bar
-            proposal: Proposal | None = Proposal(self.study.baseline, 0, "the default config (1 worker, batch 1)")
+            first = {self.study.baseline: Proposal(self.study.baseline, 0, "the default config (1 worker, batch 1)")}
+            for label, config in self.study.references:  # a reference that is the default is measured once
+                first.setdefault(config, Proposal(config, 0, f"reference: {label}"))
             try:
-                while proposal is not None:
-                    if not self._take(proposal, previous):
-                        break
-                    proposal = self.strategy.propose()
+                if all(self._take(proposal, previous) for proposal in first.values()):
+                    following = self.strategy.propose()
+                    while following is not None and self._take(following, previous):
+                        following = self.strategy.propose()
             except KeyboardInterrupt:
                 self.stopped = "interrupted"
         if self.stopped:

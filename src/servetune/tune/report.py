@@ -160,6 +160,22 @@ def _stage(summary: Summary, name: str, key: str) -> str:
     return "n/a" if stage is None else f"{stage.latency[key]:.1f} ms"
 
 
+def references(analysis: Analysis, study: Study) -> list[str]:
+    """The study's references (configs measured beside the search), each against the winner."""
+    stages = study.model_names if study.is_app else ()
+    head = ["reference", "config", "throughput", "P50", "P99", *(f"{name} P99" for name in stages), "SLA",
+            "the winner serves"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    winner = analysis.winner
+    for label, s in analysis.references:
+        verdict = "pass" if s.verdict.passed else f"fail: {s.verdict.reason}"
+        ratio = f"{winner.throughput_rps / s.throughput_rps:.2f}×" if winner and s.throughput_rps > 0 else "n/a"
+        cells = [label, describe(s.config, study), f"{s.throughput_rps:.2f} req/s", _p(s, "p50_ms"), _p(s),
+                 *(_stage(s, name, "p99_ms") for name in stages), verdict, ratio]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def per_model(summary: Summary, study: Study) -> list[str]:
     """The winner of an app, model by model: its config, its stage's figures, and where its workers ran."""
     last = next((t for t in reversed(summary.trials) if t.result is not None), None)
@@ -236,6 +252,8 @@ def markdown(
         *_table(analysis.pareto, study),
         "",
     ]
+    if analysis.references:
+        lines += ["## Beside the references", "", *references(analysis, study), ""]
     if plots:
         lines += ["## Plots", "", *[f"![{name}]({name})" for name in plots], ""]
     if notes:

@@ -253,6 +253,8 @@ class Study:
     models: tuple[ModelSpec, ...] = ()  # an app: several models served together (``families`` holds them all)
     pipeline: tuple[StageSpec, ...] = ()  # an app's call graph (hooks: FILE.py relative to the study's folder)
     mix: tuple[tuple[str, float], ...] = ()  # without a pipeline: each model's share of the app's requests
+    # configs measured beside the search and shown beside its winner (e.g. what is deployed today), by label
+    references: tuple[tuple[str, Point], ...] = ()
 
     @property
     def is_app(self) -> bool:

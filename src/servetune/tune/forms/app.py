@@ -26,6 +26,7 @@ here, before any trial: every error names the key and the value.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,11 @@ from servetune.bench.hooks import HOOKS, load_hook
 from servetune.bench.spec import parse_stages
 from servetune.tune import _values as v
 from servetune.tune.forms import servetune as single
-from servetune.tune.study import Family, ModelSpec, Study
+from servetune.tune.study import AppConfig, Family, ModelSpec, Point, Study
 
-TOP_KEYS = ("app", "models", "pipeline", "mix", "sla", "objective", "load", "strategy", "budget", "server")
+TOP_KEYS = (
+    "app", "models", "pipeline", "mix", "sla", "objective", "load", "strategy", "budget", "server", "references",
+)  # fmt: skip
 MODEL_KEYS = ("archive", "input", "content_type", "form_field", "sla", "model_config", "space")
 
 
@@ -88,14 +91,34 @@ def parse(
         notes=tuple(notes),
         models=tuple(specs),
     )
-    return _traffic(study, raw, base)
+    study = _traffic(study, raw, base)
+    return dataclasses.replace(study, references=_references(study, raw.get("references")))
+
+
+def _references(study: Study, value: Any) -> tuple[tuple[str, Point], ...]:
+    """Configs of the whole app measured beside the search: ``{label: {MODEL: {workers: 2, ...}, ...}}``; a model
+    left out runs its default config."""
+    out = []
+    for label, spec in v.mapping("references", value or {}).items():
+        where = f"references.{label}"
+        parts = v.mapping(where, spec)
+        for model in parts:
+            if model not in study.model_names:
+                raise v.fail(
+                    f"{where}.{model}", parts[model], f"a config of one of the models ({', '.join(study.model_names)})"
+                )
+        configs = []
+        for model in study.model_names:
+            own = (*study.families_of(model), study.model_spec(model).baseline_family)
+            default = study.model_spec(model).baseline_family
+            configs.append(single.parse_reference(f"{where}.{model}", parts.get(model, {}), own, default))
+        out.append((label, AppConfig(tuple(configs))))
+    return tuple(out)
 
 
 def _traffic(study: Study, raw: Mapping[str, Any], base: Path) -> Study:
     """The app's calls: a ``pipeline`` (its hooks loaded now, so a missing one fails before any trial) or a
     ``mix`` (each model's share of independent requests; capacity load only)."""
-    import dataclasses
-
     names = study.model_names
     if ("pipeline" in raw) == ("mix" in raw):
         raise ConfigError("pipeline, mix: give one: how the app calls its models (a pipeline) or each model's share")

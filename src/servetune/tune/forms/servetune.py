@@ -31,11 +31,11 @@ from typing import Any
 
 from servetune._exceptions import ArchiveError, ConfigError
 from servetune.tune import _values as v
-from servetune.tune.study import DEVICES, Budget, Family, Load, Objective, Sla, StrategySpec, Study
+from servetune.tune.study import DEVICES, Budget, Config, Family, Load, Objective, Sla, StrategySpec, Study
 
 TOP_KEYS = (
     "model", "archive", "input", "content_type", "form_field", "sla", "objective", "space", "load", "strategy",
-    "budget", "server", "model_config",
+    "budget", "server", "model_config", "references",
 )  # fmt: skip
 SPACE_KEYS = (
     "optimizations", "devices", "workers", "batch_size", "batch_delay_ms", "threads", "inter_op_threads", "pinning",
@@ -68,6 +68,7 @@ def parse(
     v.check_keys("", raw, (*TOP_KEYS, *extra_keys))
     load = parse_load(raw.get("load"))
     model, families, baseline, notes = parse_model("", raw, source.parent, devices, load, extra_space_keys)
+    references = v.mapping("references", raw.get("references") or {})
     return Study(
         model=model,
         families=families,
@@ -80,6 +81,38 @@ def parse(
         form="servetune",
         source=source.resolve(),
         notes=tuple(notes),
+        references=tuple(
+            (label, parse_reference(f"references.{label}", spec, (*families, baseline), baseline))
+            for label, spec in references.items()
+        ),
+    )
+
+
+REFERENCE_KEYS = (
+    "optimization", "device", "workers", "batch_size", "batch_delay_ms", "threads", "inter_op_threads", "pinning",
+)  # fmt: skip
+
+
+def parse_reference(where: str, value: Any, families: tuple[Family, ...], default: Family) -> Config:
+    """A config to measure beside the search: its knobs (defaults: the default config's), in one of the study's
+    families (values outside the searched ones are allowed: it is a reference, not a point of the space)."""
+    spec = v.mapping(where, value)
+    v.check_keys(where, spec, REFERENCE_KEYS)
+    optimization = v.text(f"{where}.optimization", spec.get("optimization", default.optimization))
+    device = v.text(f"{where}.device", spec.get("device", default.device))
+    family = next((f for f in families if (f.optimization, f.device) == (optimization, device)), None)
+    if family is None:
+        known = ", ".join(dict.fromkeys(f"{f.optimization}/{f.device}" for f in families))
+        raise ConfigError(f"{where}: {optimization}/{device} is not one of the study's families ({known})")
+    delays = default.batch_delays_ms
+    return Config(
+        family.label,
+        v.integer(f"{where}.workers", spec.get("workers", 1)),
+        v.integer(f"{where}.batch_size", spec.get("batch_size", 1)),
+        v.integer(f"{where}.batch_delay_ms", spec.get("batch_delay_ms", delays[len(delays) // 2]), minimum=0),
+        v.integer(f"{where}.threads", spec.get("threads", 0), minimum=0),
+        v.integer(f"{where}.inter_op_threads", spec.get("inter_op_threads", 0), minimum=0),
+        v.boolean(f"{where}.pinning", spec.get("pinning", False)),
     )
 
 
