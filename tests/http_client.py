@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -39,3 +40,15 @@ def burst(
     """Send all bodies at once (one thread each) and return the replies in order."""
     with ThreadPoolExecutor(max_workers=threads or len(bodies)) as pool:
         return list(pool.map(lambda b: call(method, url, b, headers), bodies))
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.25) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")

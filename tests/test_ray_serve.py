@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'servetune[ray]')")
 
+from http_client import wait_for  # noqa: E402
 from models import sleep_archive  # noqa: E402
 from ray_cluster import START_TIMEOUT_S, LocalRayCluster, cluster_fixture  # noqa: E402, F401
 from servetune.bench import BenchSpec, run_bench  # noqa: E402
@@ -49,17 +49,6 @@ def _get(url: str, method: str = "GET") -> tuple[int, Any]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def _wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +158,7 @@ def test_register_scale_to_zero_and_unregister(server: EmbeddedServer) -> None:
 
     scaled = _get(f"{client.management}/models/late?min_worker=0&synchronous=true", method="PUT")
     assert scaled == (200, {"status": "Workers scaled to 0 for model: late"})
-    status, headers, body = _wait_for(
+    status, headers, body = wait_for(
         lambda: (r := client.predict(b"x", model="late"))[0] == 503 and r, 60, "503 from a model with no worker"
     )
     assert json.loads(body)["message"].startswith('Model "late" has no worker to serve inference request.')
@@ -177,7 +166,7 @@ def test_register_scale_to_zero_and_unregister(server: EmbeddedServer) -> None:
 
     assert _get(f"{client.management}/models/late", method="DELETE") == (200, {"status": 'Model "late" unregistered'})
     assert _get(f"{client.management}/models/late")[0] == 404
-    status, _, body = _wait_for(lambda: (r := client.predict(b"x", model="late"))[0] == 404 and r, 60, "404")
+    status, _, body = wait_for(lambda: (r := client.predict(b"x", model="late"))[0] == 404 and r, 60, "404")
     assert json.loads(body)["type"] == "ModelNotFoundException"
     assert client.predict(b"still")[0] == 200  # the other models were left alone
 
@@ -188,18 +177,18 @@ def test_scale_up_kill_a_replica_and_scale_down(server: EmbeddedServer) -> None:
     client.scale(2)
     pids = client.worker_pids()
     assert len(pids) == 2 and first in pids, "scaling up must keep the running replica"
-    _wait_for(lambda: client.serving_pids() == set(pids), 60, "both replicas to serve")
+    wait_for(lambda: client.serving_pids() == set(pids), 60, "both replicas to serve")
 
     victim = pids[0]
     os.kill(victim, signal.SIGKILL)
     codes = [client.predict(b"during")[0] for _ in range(10)]  # the survivor keeps serving meanwhile
     assert codes.count(200) >= 8, codes
-    replaced = _wait_for(
+    replaced = wait_for(
         lambda: (p := client.worker_pids()) and len(p) == 2 and victim not in p and p, 90, "a replacement replica"
     )
     assert replaced[0] in pids  # the survivor, then the new one
-    _wait_for(lambda: _get(f"{client.inference}/ping") == (200, {"status": "Healthy"}), 60, "ping Healthy")
-    _wait_for(lambda: client.serving_pids() == set(replaced), 60, "traffic on both replicas")
+    wait_for(lambda: _get(f"{client.inference}/ping") == (200, {"status": "Healthy"}), 60, "ping Healthy")
+    wait_for(lambda: client.serving_pids() == set(replaced), 60, "traffic on both replicas")
 
     client.scale(1)
     [left] = client.worker_pids()
@@ -211,7 +200,7 @@ def test_the_only_replica_killed_comes_back(server: EmbeddedServer) -> None:
     client = Client(server)
     [victim] = client.worker_pids()
     os.kill(victim, signal.SIGKILL)
-    _wait_for(lambda: client.predict(b"again")[0] == 200, 90, "traffic to recover")
+    wait_for(lambda: client.predict(b"again")[0] == 200, 90, "traffic to recover")
     status, _, body = client.predict(b"after")
     assert status == 200 and json.loads(body)["pid"] != victim
 
@@ -279,7 +268,7 @@ def test_driver_stops_cleanly_and_removes_the_replicas(server: EmbeddedServer) -
     pids = Client(server).worker_pids()
     assert server.stop() == 0
     assert "Model server stopped." in server.output
-    _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 30, "the replicas to exit")
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 30, "the replicas to exit")
 
 
 if __name__ == "__main__":  # pragma: no cover

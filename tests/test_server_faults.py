@@ -168,8 +168,9 @@ def test_sigterm_finishes_in_flight_requests(tmp_path: Path, start_server) -> No
     server = start_server(model_store=store, models={"sleep": "sleep.mar"})
     _wait_ready(server)
     results: list[Reply] = []
-    sender = threading.Thread(target=lambda: results.append(call("POST", f"{server.inference_url}/predictions/sleep",
-                                                                  b"in-flight")))
+    sender = threading.Thread(
+        target=lambda: results.append(call("POST", f"{server.inference_url}/predictions/sleep", b"in-flight"))
+    )
     sender.start()
     time.sleep(0.5)
     assert server.stop(signal.SIGTERM) == 0
@@ -181,12 +182,29 @@ def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
     store = tmp_path / "store"
     sleep_archive(store)
     config = tmp_path / "config.properties"
-    config.write_text("inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
-                      "metrics_address=http://127.0.0.1:0\ndefault_workers_per_model=2\n"
-                      "disable_token_authorization=true\n")
-    proc = subprocess.Popen([sys.executable, "-m", "servetune", "serve", "--ts-config", str(config), "--model-store",
-                             str(store), "--models", "sleep=sleep.mar"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    config.write_text(
+        "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+        "metrics_address=http://127.0.0.1:0\ndefault_workers_per_model=2\n"
+        "disable_token_authorization=true\n"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "servetune",
+            "serve",
+            "--ts-config",
+            str(config),
+            "--model-store",
+            str(store),
+            "--models",
+            "sleep=sleep.mar",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     with proc.stdout:
         for line in proc.stdout:
@@ -218,3 +236,67 @@ def test_requests_of_disconnected_clients_never_reach_a_worker(tmp_path: Path, s
     busy.join()
     handled = record.read_text().split()
     assert "patient" in handled and "impatient" not in handled
+
+
+# A handler that breaks the worker's one-answer-per-request invariant on purpose: it wraps the worker runtime's own
+# Service.predict (inside the real worker process) to drop the last answer of any batch that asks for it.
+BROKEN_REPLY_HANDLER = """
+import servetune.handlers.service as service
+
+_predict = service.Service.predict
+
+
+def _short(self, batch):
+    answers = _predict(self, batch)
+    if any(r.inputs and bytes(r.inputs[0].data) == b"short" for r in batch):
+        return answers[:-1]
+    return answers
+
+
+service.Service.predict = _short
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    return [{"batch": len(data)} for _ in data]
+"""
+
+
+def test_a_reply_with_the_wrong_number_of_results_fails_its_batch_and_the_slot_keeps_serving(
+    tmp_path: Path,
+    start_server,  # type: ignore[no-untyped-def]
+) -> None:
+    from servetune.archive import create_archive
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "short_handler.py").write_text(BROKEN_REPLY_HANDLER)
+    (src / "model-config.yaml").write_text("batchSize: 4\nmaxBatchDelay: 300\nresponseTimeout: 30\n")
+    store = tmp_path / "store"
+    store.mkdir()
+    create_archive(
+        model_name="short",
+        version="1.0",
+        handler=str(src / "short_handler.py"),
+        config_file=str(src / "model-config.yaml"),
+        export_path=str(store),
+    )
+    server = start_server(model_store=store, models={"short": "short.mar"})
+    url = f"{server.inference_url}/predictions/short"
+
+    started = time.monotonic()
+    replies = burst("POST", url, [b"short", b"short", b"short"])
+    assert time.monotonic() - started < 30, "the batch must be answered, not left to time out"
+    assert [r.status for r in replies] == [503, 503, 503], [r.body for r in replies]
+    for reply in replies:
+        assert reply.json()["type"] == "ServiceUnavailableException"
+        assert "answered 2 results for a batch of 3 requests" in reply.json()["message"]
+    assert _workers_of(server, "short")[0]["status"] == "READY"
+    after = burst("POST", url, [b"fine", b"fine"])
+    assert [r.status for r in after] == [200, 200], [r.body for r in after]
+    assert {r.json()["batch"] for r in after} <= {1, 2}
+
+
+def _workers_of(server, model: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    return call("GET", f"{server.management_url}/models/{model}").json()[0]["workers"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,31 +16,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from servetune._exceptions import ApiError
+from servetune.api import protocols
 from servetune.api.auth import TokenStore
 from servetune.api.body import parse_inputs, read_body
 from servetune.api.http import NO_CACHE_HEADERS, error_response, exception_handlers, json_response
 from servetune.api.metrics import ApiMetrics
 from servetune.api.openapi import inference_spec
-from servetune.api.types import InferenceBackend, InferRequest, InferResult
+from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
 from servetune.config.server import ServerConfig
 
 QUEUE_HEADER = "X-Servetune-Queue-Ms"
 HANDLER_HEADER = "X-Servetune-Handler-Ms"
 BATCH_HEADER = "X-Servetune-Batch-Size"
 CLIENT_GONE = 499  # nginx's "client closed request": nobody is left to read the answer
-
-
-@dataclass
-class Readiness:
-    """Whether the server has finished loading its start-up models, and which of them failed to load.
-
-    ``/ping`` is Healthy only once ``starting`` is over, no start-up model failed, and the backend is healthy; while
-    starting, a prediction for a model not registered yet gets 503 (it may be a start-up model still loading), not
-    404: once ``/ping`` has said Healthy, no prediction for a start-up model gets 404.
-    """
-
-    starting: bool = False
-    failed: dict[str, str] = field(default_factory=dict)
 
 
 def client_gone(request: Request) -> tuple[asyncio.Task[None], list[bool]]:
@@ -167,8 +154,9 @@ def create_inference_app(
         Route("/predictions/{model}/{version}", predictions, methods=["POST", "PUT"]),
         Route("/explanations/{model}", explanations, methods=["POST", "PUT"]),
         Route("/explanations/{model}/{version}", explanations, methods=["POST", "PUT"]),
+        *protocols.http_routes(backend, config, metrics, readiness),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers())
 
 
-__all__ = ["Readiness", "create_inference_app", "infer_http", "result_response"]
+__all__ = ["create_inference_app", "infer_http", "result_response"]

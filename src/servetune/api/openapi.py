@@ -94,6 +94,32 @@ def management_spec() -> dict[str, Any]:
         return {"in": "query", "name": name, "required": required, "schema": {"type": kind}}
 
     describe = {"type": "array", "items": {"type": "object"}}
+    scale = ["min_worker", "max_worker", "synchronous", "batch_size", "max_batch_delay", "num_threads"]
+    scale += ["inter_op_threads", "cpu_pinning"]
+
+    def model_ops(suffix: str) -> dict[str, Any]:
+        """describe / scale / unregister of ``/models/{name}`` (suffix "") and ``/models/{name}/{version}``."""
+        booleans = ("synchronous", "cpu_pinning")
+        return {
+            "get": {
+                "operationId": f"describeModel{suffix}",
+                "responses": {"200": _json(describe, "Model"), **_errors(400, 404)},
+            },
+            "put": {
+                "operationId": f"setAutoScale{suffix}",
+                "parameters": [query(n, "boolean" if n in booleans else "integer") for n in scale],
+                "responses": {
+                    "200": _json(_STATUS, "Scaled"),
+                    "202": _json(_STATUS, "Accepted"),
+                    **_errors(400, 404, 500),
+                },
+            },
+            "delete": {
+                "operationId": f"unregisterModel{suffix}",
+                "responses": {"200": _json(_STATUS, "Unregistered"), **_errors(400, 403, 404, 405)},
+            },
+        }
+
     spec = _info("servetune management API")
     spec["paths"] = {
         "/": {"options": {"operationId": "apiDescription", "responses": {"200": {"description": "This document"}}}},
@@ -124,63 +150,10 @@ def management_spec() -> dict[str, Any]:
                 },
             },
         },
-        "/models/{model_name}": {
-            "parameters": [_path_param("model_name")],
-            "get": {
-                "operationId": "describeModel",
-                "responses": {"200": _json(describe, "Model"), **_errors(400, 404)},
-            },
-            "put": {
-                "operationId": "setAutoScale",
-                "parameters": [
-                    query("min_worker", "integer"),
-                    query("max_worker", "integer"),
-                    query("synchronous", "boolean"),
-                    query("batch_size", "integer"),
-                    query("max_batch_delay", "integer"),
-                    query("num_threads", "integer"),
-                    query("inter_op_threads", "integer"),
-                    query("cpu_pinning", "boolean"),
-                ],
-                "responses": {
-                    "200": _json(_STATUS, "Scaled"),
-                    "202": _json(_STATUS, "Accepted"),
-                    **_errors(400, 404, 500),
-                },
-            },
-            "delete": {
-                "operationId": "unregisterModel",
-                "responses": {"200": _json(_STATUS, "Unregistered"), **_errors(400, 403, 404, 405)},
-            },
-        },
+        "/models/{model_name}": {"parameters": [_path_param("model_name")], **model_ops("")},
         "/models/{model_name}/{model_version}": {
             "parameters": [_path_param("model_name"), _path_param("model_version")],
-            "get": {
-                "operationId": "describeModelVersion",
-                "responses": {"200": _json(describe, "Model"), **_errors(400, 404)},
-            },
-            "put": {
-                "operationId": "setAutoScaleVersion",
-                "parameters": [
-                    query("min_worker", "integer"),
-                    query("max_worker", "integer"),
-                    query("synchronous", "boolean"),
-                    query("batch_size", "integer"),
-                    query("max_batch_delay", "integer"),
-                    query("num_threads", "integer"),
-                    query("inter_op_threads", "integer"),
-                    query("cpu_pinning", "boolean"),
-                ],
-                "responses": {
-                    "200": _json(_STATUS, "Scaled"),
-                    "202": _json(_STATUS, "Accepted"),
-                    **_errors(400, 404, 500),
-                },
-            },
-            "delete": {
-                "operationId": "unregisterModelVersion",
-                "responses": {"200": _json(_STATUS, "Unregistered"), **_errors(400, 403, 404, 405)},
-            },
+            **model_ops("Version"),
         },
         "/models/{model_name}/{model_version}/set-default": {
             "parameters": [_path_param("model_name"), _path_param("model_version")],

@@ -25,11 +25,11 @@ import uvicorn
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.auth import TokenStore
 from servetune.api.http import without_trailing_slash
-from servetune.api.inference import Readiness, create_inference_app
+from servetune.api.inference import create_inference_app
 from servetune.api.management import Management, create_management_app
 from servetune.api.metrics import create_metrics_app
 from servetune.api.plan import RegisterParams
-from servetune.api.types import Backend
+from servetune.api.types import Backend, Readiness
 from servetune.config.server import Address, ServerConfig
 from servetune.ready import ReadyInfo
 

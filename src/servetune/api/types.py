@@ -12,18 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from servetune.handlers.service import InputParam
+
 if TYPE_CHECKING:
     from servetune.api.metrics import ApiMetrics
     from servetune.api.plan import RegisterParams, VersionPlan
 
 
-@dataclass(frozen=True, slots=True)
-class Input:
-    """One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name."""
-
-    name: str
-    content_type: str | None
-    data: bytes
+# One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name. The handler contract's
+# own type, so that a request reaches the handler as it was parsed.
+Input = InputParam
 
 
 @dataclass(slots=True)
@@ -120,6 +118,19 @@ class Reconfigure:
         return all(getattr(self, name) is None for name in self.__dataclass_fields__)
 
 
+@dataclass
+class Readiness:
+    """Whether the server has finished loading its start-up models, and which of them failed to load.
+
+    ``/ping`` is Healthy only once ``starting`` is over, no start-up model failed, and the backend is healthy; while
+    starting, a prediction for a model not registered yet gets 503 (it may be a start-up model still loading), not
+    404: once ``/ping`` has said Healthy, no prediction for a start-up model gets 404.
+    """
+
+    starting: bool = False
+    failed: dict[str, str] = field(default_factory=dict)
+
+
 class InferenceBackend(Protocol):
     """What an inference-side protocol needs: serve a request, say what is registered, say whether it is ready."""
 
@@ -202,6 +213,7 @@ __all__ = [
     "Input",
     "ModelRef",
     "ModelStatus",
+    "Readiness",
     "Reconfigure",
     "WorkerStatus",
 ]

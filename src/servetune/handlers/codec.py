@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from servetune._exceptions import error_body
 from servetune.handlers.util import BadInputError
 
 __all__ = ["decode_value", "encode_value", "error_body", "mime_type"]
@@ -61,8 +62,3 @@ def encode_value(value: Any) -> tuple[bytes, str | None]:
         return json.dumps(value, indent=2).encode("utf-8"), JSON_CONTENT_TYPE
     except (TypeError, ValueError) as exc:
         raise UnsupportedOutputError(f"cannot serialize a {type(value).__name__}: {exc}") from exc
-
-
-def error_body(code: int, error_type: str, message: str) -> bytes:
-    """TorchServe's error answer: ``{"code": N, "type": "...", "message": "..."}``, pretty-printed."""
-    return json.dumps({"code": code, "type": error_type, "message": message}, indent=2).encode("utf-8")

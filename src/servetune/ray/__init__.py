@@ -15,19 +15,22 @@ functions below raise ``ConfigError`` with the install command when it is missin
 from __future__ import annotations
 
 from servetune.ray._require import INSTALL_HINT, ray_available, require_ray
-from servetune.ray.backend import RayBackend
+from servetune.ray.backend import RayBackend, check_config
 from servetune.ray.controller import RayCluster, ReplicaInfo
 from servetune.ray.driver import export_serve_config, plan_models, serve_on_ray
-from servetune.ray.plan import ModelPlan, RayVersion
+from servetune.ray.plan import MAX_ONGOING_BATCHES, ONGOING_BATCHES, ModelPlan, RayVersion
 from servetune.ray.serve_config import serve_config, write_serve_config
 
 __all__ = [
     "INSTALL_HINT",
+    "MAX_ONGOING_BATCHES",
+    "ONGOING_BATCHES",
     "ModelPlan",
     "RayBackend",
     "RayCluster",
     "RayVersion",
     "ReplicaInfo",
+    "check_config",
     "export_serve_config",
     "plan_models",
     "ray_available",

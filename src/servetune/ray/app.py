@@ -44,6 +44,7 @@ def frontend_app(args: dict[str, Any]) -> Application:
         bool(args.get("starting", False)),
         dict(args.get("failed") or {}),
         dict(args.get("server") or {}),
+        dict(args.get("versions") or {}),
     )
 
 

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import socket
 import time
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -90,22 +91,26 @@ class RayBackend:
         self.cluster.deploy(self.serve_config())
 
     async def started(self, failed: dict[str, str]) -> None:
-        """Tell the frontend, and (when every start-up model loaded) wait until Ray's proxy answers ``/ping`` Healthy,
-        so that the server says it is up only when it is."""
+        """Tell the frontend, and wait until Ray's proxy answers ``/ping`` as the frontend now should (Healthy, or
+        Unhealthy naming the failed models), so that the server says it is up only when it is."""
         self._starting, self._failed = False, dict(failed)
         await self._deploy()
         self._tasks.append(asyncio.create_task(self._reports.refresh_forever(self._sink)))
-        if not failed:
-            await asyncio.to_thread(self._wait_healthy, float(self.config.default_startup_timeout))
+        await asyncio.to_thread(self._wait_ping, bool(failed), float(self.config.default_startup_timeout))
 
-    def _wait_healthy(self, timeout_s: float) -> bool:
+    def _wait_ping(self, failed: bool, timeout_s: float) -> bool:
         url = f"{self.inference_url}/ping"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
+            try:
                 with urllib.request.urlopen(url, timeout=5.0) as response:
-                    if response.status == 200:
+                    if not failed and response.status == 200:
                         return True
+            except urllib.error.HTTPError as exc:
+                if failed and b"failedModels" in exc.read():
+                    return True
+            except OSError:
+                pass
             time.sleep(0.2)
         return False
 
@@ -221,12 +226,23 @@ class RayBackend:
                 del self.plans[name]
             await self._deploy()
         await asyncio.to_thread(self.cluster.wait_gone, name, deployment_name(name, rv.version), REMOVE_WAIT_S)
+        await self._settle(name)
 
     async def set_default(self, name: str, version: str) -> None:
         async with self._lock:
             self.get(name, version)
             self.plans[name] = replace(self.plans[name], default_version=version)
             await self._deploy()
+        await self._settle(name)
+
+    async def _settle(self, name: str) -> None:
+        """Wait until the model's application has applied its new args (the versions it knows, its default: its
+        replicas are replaced), so that the next call sees the model as it now is."""
+        model = self.plans.get(name)
+        if model is None or not model.serving:
+            return
+        with contextlib.suppress(WorkerLoadError):
+            await asyncio.to_thread(self.cluster.wait_replicas, name, model.default_version, None, REMOVE_WAIT_S)
 
     async def reconfigure(self, name: str, version: str | None, change: Reconfigure) -> None:
         if change.cpu_pinning:

@@ -10,19 +10,22 @@ its minimum of healthy workers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
 from ray import serve
+from ray.exceptions import RayError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from servetune._exceptions import ApiError
-from servetune.api.inference import Readiness, create_inference_app
-from servetune.api.types import InferRequest, InferResult, ModelRef
+from servetune.api.inference import create_inference_app
+from servetune.api.types import InferRequest, InferResult, ModelRef, Readiness
 from servetune.config.server import ServerConfig
 from servetune.ray.asgi import call_app
 from servetune.ray.controller import state_name
+from servetune.ray.plan import deployment_name
 from servetune.ray.serve_config import SERVER_KEYS
 
 HEALTH_CACHE_S = 1.0
@@ -46,20 +49,38 @@ def cluster_healthy(models: list[str]) -> bool:
 
 
 class FrontendView:
-    """The inference API's backend at ``/``: it serves no model itself."""
+    """The inference API's backend at ``/``. ``/predictions`` of a served model never reaches it (the model's own
+    application takes it); any other request for a model (a path its application does not own) goes to the version's
+    deployment through a handle."""
 
-    def __init__(self, models: list[str], idle: set[str]) -> None:
+    def __init__(self, models: list[str], idle: set[str], versions: dict[str, dict[str, Any]] | None = None) -> None:
         self.served = list(models)
         self.idle = idle
+        self.versions = versions or {name: {"default": "", "serving": [], "idle": []} for name in {*models, *idle}}
         self._health: tuple[float, bool] = (0.0, False)
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
-        if name in self.idle:
+        known = self.versions.get(name)
+        if known is None:
+            raise ApiError.model_not_found(name)
+        version = version or str(known["default"])
+        if version in known["idle"] or name in self.idle:
             raise ApiError.no_worker(name)
-        raise ApiError.model_not_found(name)  # a served model's own application would have taken it
+        if version not in known["serving"]:
+            raise ApiError.version_not_found(name, version)
+        handle = serve.get_deployment_handle(deployment_name(name, version), app_name=name)
+        try:
+            result: InferResult = await handle.infer_remote.remote(dataclasses.replace(request, is_disconnected=None))
+        except RayError as exc:
+            raise ApiError.unavailable(f"Worker died while running this request: {exc}") from None
+        return result
 
     def models(self) -> list[ModelRef]:
-        return [ModelRef(name, "", "", True) for name in sorted({*self.served, *self.idle})]
+        return [
+            ModelRef(name, version, "", version == info["default"])
+            for name, info in sorted(self.versions.items())
+            for version in sorted({*info["serving"], *info["idle"]})
+        ]
 
     async def healthy(self) -> bool:
         checked, healthy = self._health
@@ -83,8 +104,9 @@ class Frontend:
         starting: bool = False,
         failed: dict[str, str] | None = None,
         server: dict[str, Any] | None = None,
+        versions: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        self.view = FrontendView(models, set(idle_models or ()))
+        self.view = FrontendView(models, set(idle_models or ()), versions)
         config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
         readiness = Readiness(starting=starting, failed=dict(failed or {}))
         self.app = create_inference_app(self.view, config, readiness=readiness)

@@ -142,6 +142,7 @@ def read_plan(config: ServerConfig, archive_path: Path, params: RegisterParams) 
 __all__ = [
     "FRONTEND_APP",
     "MAX_ONGOING_BATCHES",
+    "ONGOING_BATCHES",
     "ModelPlan",
     "RayVersion",
     "default_workers",

@@ -1,6 +1,6 @@
 """Ray Serve's proxy answers some failures itself, in plain text: a replica that died mid-request (500, or no answer
-at all), a full queue (503), a request timeout (408). TorchServe clients expect JSON
-``{"code", "type", "message"}``: this ASGI middleware, installed in Ray's proxy through Ray's hook
+at all), a full queue (503), a request timeout (408), a path while no application is deployed yet (404). TorchServe
+clients expect JSON ``{"code", "type", "message"}``: this ASGI middleware, installed in Ray's proxy through Ray's hook
 ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=servetune.ray.proxy_errors:middlewares``, rewrites them as the native
 server answers the same failures (503 + ``Retry-After`` for a dead worker or a full queue, 504 for a timeout).
 Answers that are JSON already (every answer of servetune's own replicas) pass untouched.
@@ -25,6 +25,8 @@ def torchserve_error(status: int, text: str) -> ApiError:
         return ApiError.timeout(f"Request timed out{detail}")
     if status in (429, 503):
         return ApiError.unavailable(f"The model's queue is full or no replica is available; retry later{detail}")
+    if status == 404:  # the frontend at "/" takes every path once it runs: nothing is deployed yet (or any more)
+        return ApiError.unavailable(f"The server is starting: no application serves this path yet{detail}")
     if status >= 500:
         return ApiError.unavailable(f"Worker died while running this request{detail}")
     return ApiError(text.strip() or "Bad request", status, "BadRequestException")

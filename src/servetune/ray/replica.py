@@ -32,7 +32,7 @@ from servetune.api.plan import VersionPlan
 from servetune.api.types import InferRequest, InferResult, ModelRef
 from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
-from servetune.handlers.service import InputParam, Request, Service
+from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import apply_cpu, start_service
 from servetune.ray.asgi import call_app
 from servetune.ray.metrics import Reporter
@@ -154,10 +154,7 @@ class ModelReplica:
         started = time.monotonic()
         if self.stuck is not None:  # a timed-out batch may still hold the handler: wait for the replacement
             return [_error(r, ApiError.unavailable(self.stuck)) for r in requests]
-        batch = [
-            Request(r.request_id, r.headers, [InputParam(i.name, i.content_type, i.data) for i in r.inputs])
-            for r in requests
-        ]
+        batch = [Request(r.request_id, r.headers, r.inputs) for r in requests]
         timeout = float(self.plan.response_timeout_s)
         try:
             responses = await asyncio.wait_for(asyncio.to_thread(self.service.predict, batch), timeout)

@@ -96,6 +96,14 @@ def frontend_application(
         "args": {
             "models": sorted(m.name for m in models if m.serving),
             "idle_models": sorted(m.name for m in models if not m.serving),
+            "versions": {
+                m.name: {
+                    "default": m.default_version,
+                    "serving": sorted(v for v, p in m.versions.items() if p.serving),
+                    "idle": sorted(v for v, p in m.versions.items() if not p.serving),
+                }
+                for m in models
+            },
             "starting": starting,
             "failed": dict(failed or {}),
             "server": server,
@@ -121,8 +129,8 @@ def serve_config(
         "proxy_location": proxy_location,
         "http_options": {"host": host, "port": port},
         "applications": [
-            frontend_application(models, server, starting, failed),
-            *(model_application(m, server) for m in models if m.serving),
+            frontend_application(models, dict(server), starting, failed),
+            *(model_application(m, dict(server)) for m in models if m.serving),
         ],
     }
 

@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from servetune.handlers.service import InputParam, Request, Service
+from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, start_service
 from servetune.server.messages import Answer, LoadError, Predict, Ready, Result, decode_message
 from servetune.server.protocol import recv_frame
@@ -60,10 +60,7 @@ def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
             apply_cpu(message.num_threads, message.cpu_cores)
             applied = (message.num_threads, message.cpu_cores)
             cpu = cpu_settings()
-        requests = [
-            Request(r.request_id, r.headers, [InputParam(i.name, i.content_type, i.data) for i in r.inputs])
-            for r in message.requests
-        ]
+        requests = [Request(r.request_id, r.headers, r.inputs) for r in message.requests]
         start = time.perf_counter()
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0
