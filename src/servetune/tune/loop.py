@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from servetune._exceptions import ConfigError
 from servetune.tune.analysis import Analysis, analyse
 from servetune.tune.checkpoint import Checkpoint
 from servetune.tune.deploy import Deployment, write_deployment
@@ -57,6 +58,8 @@ def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: 
     notes: list[str] = []
     target: Target
     if remote is not None:
+        if study.is_app:
+            raise ConfigError("--url: tunes one model of a running server; an app study starts its own server")
         remote_target = RemoteTarget(
             remote.url,
             study.model,

@@ -43,7 +43,7 @@ class RayKind(TargetKind):
     def read(self, space: Mapping[str, Any], model_config: Mapping[str, Any]) -> dict[str, Any]:
         if OPTION not in space:
             return {}
-        from servetune.ray.plan import MAX_ONGOING_BATCHES
+        from servetune.ray import MAX_ONGOING_BATCHES
 
         values = v.integers(f"space.{OPTION}", space[OPTION])
         if values[-1] > MAX_ONGOING_BATCHES:
@@ -70,8 +70,7 @@ class RayKind(TargetKind):
                 "write a servetune study (docs/tune.md) to tune on Ray"
             )
         from servetune.config.server import ServerConfig
-        from servetune.ray import require_ray
-        from servetune.ray.backend import check_config
+        from servetune.ray import check_config, require_ray
 
         try:
             check_config(ServerConfig.from_properties(dict(study.server)))
@@ -91,7 +90,7 @@ class RayKind(TargetKind):
 
     def prepare(self, study: Study) -> Study:
         """Each family once per value of ``space.ray_ongoing_batches`` (labelled ``.../q1``, ``.../q2``)."""
-        from servetune.ray.plan import ONGOING_BATCHES as SERVER_DEFAULT
+        from servetune.ray import ONGOING_BATCHES as SERVER_DEFAULT
 
         if any(FAMILY_OPTION in f.options for f in study.families):
             return study  # already expanded
