@@ -49,7 +49,7 @@ class Measurer:
     def _spec(self, point: Point, *, concurrency: int | None = None, rate: float | None = None) -> BenchSpec:
         study, load = self.study, self.load
         if study.is_app:
-            first = self._family(point, study.pipeline[0].model)
+            first = self._family(point, study.pipeline[0].model if study.pipeline else study.model_names[0])
             url = self.target.inference_url
             labels = {"model": study.model, "config": point.key}
         else:
