@@ -1,110 +1,219 @@
-"""Served throughput and frontend overhead against a bare PyTorch loop, measured in one run.
+"""Served throughput and frontend overhead against a bare worker loop, measured in one run.
 
-ResNet-18 (random weights, CPU) behind servetune's built-in image_classifier handler, against the same
-preprocessing + model + postprocessing in a plain loop in this process, with the same threads and batch size.
+ResNet-18 (random weights, CPU) behind servetune's built-in image_classifier handler (examples/resnet18). The
+baseline ("bare") is a worker without the server: a separate process started as the server starts a worker (a fresh
+``python`` with OMP_NUM_THREADS and MKL_NUM_THREADS set to the worker's threads, then torch.set_num_threads), that
+opens the same archive, loads it through the worker's loader (servetune.handlers.service.load_service) and calls the
+same ``Service.predict`` on batches of ``--batch`` requests carrying the same PNG bytes: decode, transform, model,
+top-5 and response encoding, exactly the worker's work. What the served figure adds is the frontend, the socket hop
+to the worker, batching waits and the load client, on the same cores.
 
-    python benchmarks/serve_overhead.py [--batch 4] [--seconds 20]
+    python benchmarks/serve_overhead.py [--batch 4] [--threads N] [--seconds 20] [--repeats 3]
 
-Prints: bare loop images/s, served requests/s, their ratio (target >= 0.95 at batch 4), and at batch 1 the
-per-request frontend overhead = client latency - handler time (median; target < 2 ms).
+One server stays up for the whole run (idle during the bare runs); runs alternate bare, served, bare, served, ...
+so that drift in the machine's load hits both. Each run also says how much CPU other processes on the machine used
+meanwhile (a shared machine's other tenants): runs where that is high are not comparable. Prints each run, then the
+median and the min-max of served/bare over the runs (target: median >= 0.95 at batch 4), the handler's time per
+batch inside the server against the bare loop's, and at batch 1 the per-request frontend overhead = client latency
+- handler time (median; target < 2 ms).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import dataclasses
 import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import torch
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "resnet18"))
 
 from make_archive import build, sample_image  # noqa: E402
 
-from servetune.bench import BenchSpec, run_bench  # noqa: E402
+from servetune.bench import BenchResult, BenchSpec, run_bench  # noqa: E402
 from servetune.embedded import EmbeddedServer  # noqa: E402
-from servetune.handlers.image_classifier import ImageClassifier  # noqa: E402
 
 
-def bare_loop(image_bytes: bytes, batch: int, threads: int, seconds: float) -> float:
-    """Images/s of decode + transform + forward + softmax/top-5, batch at a time, no server."""
-    from model import ResNet18
+def bare_child(spec: dict[str, object]) -> None:
+    """In the child process: load the archive as a worker does, then time Service.predict on whole batches."""
+    from servetune.archive import open_archive
+    from servetune.handlers.service import InputParam, Request, load_service
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = ResNet18().eval()
-    handler = ImageClassifier()
-    done, start = 0, time.perf_counter()
-    with torch.inference_mode():
-        while time.perf_counter() - start < seconds or done < 3 * batch:
-            images = [handler.image_processing(Image.open(io.BytesIO(image_bytes))) for _ in range(batch)]
-            out = model(torch.stack(images))
-            probs, classes = torch.topk(torch.softmax(out, dim=1), 5, dim=1)
-            _ = (probs.tolist(), classes.tolist())
-            done += batch
-    return done / (time.perf_counter() - start)
+    threads, batch = int(str(spec["threads"])), int(str(spec["batch"]))
+    torch.set_num_threads(threads)  # what the worker does at load (servetune.server.worker._load)
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = open_archive(Path(str(spec["archive"])), Path(tmp))
+        service = load_service(
+            model_dir=archive.model_dir,
+            manifest=dict(archive.manifest.raw),
+            model_name="resnet18",
+            gpu_id=None,
+            batch_size=batch,
+            model_yaml_config=dict(archive.model_config),
+        )
+        data = Path(str(spec["image"])).read_bytes()
+
+        def one_batch() -> float:
+            requests = [
+                Request(f"r{i}", {"content-type": "image/png"}, [InputParam("body", "image/png", data)])
+                for i in range(batch)
+            ]
+            start = time.perf_counter()
+            responses = service.predict(requests)
+            elapsed = time.perf_counter() - start
+            assert all(r.status == 200 for r in responses), [r.body[:200] for r in responses]
+            return elapsed
+
+        deadline = time.perf_counter() + float(str(spec["warmup"]))
+        while time.perf_counter() < deadline:
+            one_batch()
+        times: list[float] = []
+        busy, own, start = busy_cpu_s(), time.process_time(), time.perf_counter()
+        while time.perf_counter() - start < float(str(spec["seconds"])) or len(times) < 3:
+            times.append(one_batch())
+        wall = time.perf_counter() - start
+        others = (busy_cpu_s() - busy - (time.process_time() - own)) / wall
+    figures = {"images_per_s": len(times) * batch / wall, "batch_ms": statistics.median(times) * 1000.0}
+    print(json.dumps({**figures, "others_cores": max(0.0, others)}))
 
 
-def served(
-    store: Path, image: Path, batch: int, threads: int, seconds: float, concurrency: int
-) -> tuple[float, list[float]]:
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (all processes, all cores)."""
+    times = psutil.cpu_times()
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+
+
+def tree_cpu_s(pid: int) -> float:
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def bare_loop(archive: Path, image: Path, batch: int, threads: int, seconds: float, warmup: float) -> dict[str, float]:
+    """Images/s and median ms per batch of the worker's work in a process set up like a worker."""
+    spec = {"archive": str(archive), "image": str(image), "batch": batch, "threads": threads}
+    spec.update({"seconds": seconds, "warmup": warmup})
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--bare-child", json.dumps(spec)], env=env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"bare loop failed:\n{done.stderr[-3000:]}")
+    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def start_server(store: Path, batch: int, threads: int) -> EmbeddedServer:
     properties = {
         "disable_token_authorization": "true",
         "threads_per_worker": str(threads),
         "default_workers_per_model": "1",
         "models": json.dumps({"resnet18": {"1.0": {"batchSize": batch, "maxBatchDelay": 50}}}),
     }
-    with EmbeddedServer(store, {"resnet18": "resnet18.mar"}, properties) as server:
-        spec = BenchSpec(
-            url=f"{server.inference_url}/predictions/resnet18",
-            input=image,
-            content_type="image/png",
-            concurrency=concurrency,
-            duration=seconds,
-            warmup_seconds=3.0,
-        )
-        result = run_bench(spec)
-        assert result.samples is not None and result.failed == 0, result.errors
-        rec = result.samples
-        overhead = [lat - h for lat, h in zip(rec.latency_ms, rec.handler_ms, strict=True)]
-        return result.throughput_rps, overhead
+    return EmbeddedServer(store, {"resnet18": "resnet18.mar"}, properties).start()
+
+
+def served(
+    server: EmbeddedServer, image: Path, seconds: float, warmup: float, concurrency: int
+) -> tuple[BenchResult, float]:
+    """The run's result, and the CPU (cores) that processes other than the server and the client used meanwhile."""
+    assert server.proc is not None
+    spec = BenchSpec(
+        url=f"{server.inference_url}/predictions/resnet18",
+        input=image,
+        content_type="image/png",
+        concurrency=concurrency,
+        duration=seconds,
+    )
+    if warmup:
+        run_bench(dataclasses.replace(spec, duration=warmup))
+    busy, mine, start = busy_cpu_s(), tree_cpu_s(server.proc.pid), time.perf_counter()
+    result = run_bench(spec)
+    wall = time.perf_counter() - start
+    used = busy_cpu_s() - busy - (tree_cpu_s(server.proc.pid) - mine) - result.client.cpu_seconds
+    assert result.samples is not None and result.failed == 0, result.errors
+    return result, max(0.0, used) / wall
+
+
+def handler_ms(result: BenchResult) -> float:
+    """Median handler time per batch, as the server reported it per request (X-Servetune-Handler-Ms)."""
+    assert result.samples is not None
+    values = [h for h in result.samples.handler_ms if h == h]
+    return statistics.median(values) if values else float("nan")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each run")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of the worker")
+    parser.add_argument("--repeats", type=int, default=3, help="bare/served pairs")
+    parser.add_argument("--bare-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # Stop cleanly, servers and their workers too, on SIGTERM, and on SIGINT even when started in the background
+    # (where the shell leaves SIGINT ignored).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if args.bare_child:
+        bare_child(json.loads(args.bare_child))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
-        build(store)
+        archive = build(store)
         image = sample_image(Path(tmp) / "sample.png")
-        data = image.read_bytes()
-        ratios = []
-        for r in range(args.repeats):
-            bare = bare_loop(data, args.batch, args.threads, args.seconds)
-            rps, _ = served(store, image, args.batch, args.threads, args.seconds, concurrency=2 * args.batch)
-            ratios.append(rps / bare)
-            print(
-                f"run {r + 1}: bare loop {bare:7.2f} img/s | served {rps:7.2f} req/s | ratio {rps / bare:.3f}"
-                f"  (batch {args.batch}, {args.threads} threads)",
-                flush=True,
-            )
+        ratios, batch_ms = [], []
+        server = start_server(store, args.batch, args.threads)
+        try:
+            for r in range(args.repeats):
+                bare = bare_loop(archive, image, args.batch, args.threads, args.seconds, args.warmup)
+                result, others = served(server, image, args.seconds, args.warmup, concurrency=2 * args.batch)
+                ratio = result.throughput_rps / bare["images_per_s"]
+                ratios.append(ratio)
+                batch_ms.append((handler_ms(result), bare["batch_ms"]))
+                print(
+                    f"run {r + 1}: bare {bare['images_per_s']:7.2f} img/s ({bare['batch_ms']:6.1f} ms/batch) | "
+                    f"served {result.throughput_rps:7.2f} req/s (handler {batch_ms[-1][0]:6.1f} ms/batch) | "
+                    f"served/bare {ratio:.3f}  (batch {args.batch}, {args.threads} threads; other processes used "
+                    f"{bare['others_cores']:.2f} / {others:.2f} cores)",
+                    flush=True,
+                )
+        finally:
+            server.stop()
+        served_ms, bare_ms = statistics.median(b[0] for b in batch_ms), statistics.median(b[1] for b in batch_ms)
         print(
-            f"served/bare throughput at batch {args.batch}: median ratio {statistics.median(ratios):.3f} "
-            f"over {args.repeats} runs (target >= 0.95)"
+            f"served/bare throughput at batch {args.batch}: median {statistics.median(ratios):.3f}, "
+            f"min-max {min(ratios):.3f}-{max(ratios):.3f} over {args.repeats} runs (target: median >= 0.95)"
         )
-        _, overhead = served(store, image, 1, args.threads, args.seconds / 2, concurrency=1)
+        print(
+            f"handler time per batch: in the server {served_ms:.1f} ms, bare {bare_ms:.1f} ms "
+            f"(ratio {served_ms / bare_ms:.3f}: what sharing the cores with the frontend and client costs the worker)"
+        )
+        server = start_server(store, 1, args.threads)
+        try:
+            result, _ = served(server, image, args.seconds / 2, args.warmup, concurrency=1)
+        finally:
+            server.stop()
+        rec = result.samples
+        assert rec is not None
+        overhead = [lat - h for lat, h in zip(rec.latency_ms, rec.handler_ms, strict=True)]
         print(
             f"frontend overhead at batch 1 (client latency - handler time), over {len(overhead)} requests: "
             f"median {statistics.median(overhead):.2f} ms, p90 {statistics.quantiles(overhead, n=10)[-1]:.2f} ms "

@@ -45,6 +45,17 @@ def test_pinned_workers_run_on_their_own_cores_and_changes_apply_in_place(tmp_pa
     assert len(replaced) == 2 and not {w["pid"] for w in replaced} & {w["pid"] for w in first}
     assert {w["interOpThreads"] for w in replaced} == {2}
 
+    # pinning checked against the workers the same call asks for: 1 worker on every CPU fits, 2 would not
+    shrink = f"min_worker=1&max_worker=1&num_threads={len(CPUS)}&cpu_pinning=true&synchronous=true"
+    assert call("PUT", f"{server.management_url}/models/sleep?{shrink}").status == 200
+    assert call("POST", f"{server.inference_url}/predictions/sleep", b"x").status == 200
+    [alone] = workers(server)
+    assert alone["cpuCores"] == CPUS and alone["numThreads"] == len(CPUS)
+    assert (
+        call("PUT", f"{server.management_url}/models/sleep?cpu_pinning=false&num_threads=1&min_worker=2").status == 202
+    )
+    assert len(workers(server)) == 2
+
     # more pinned cores than this machine has: refused, naming the key, and nothing changes
     refused = call("PUT", f"{server.management_url}/models/sleep?cpu_pinning=true&num_threads={len(CPUS)}")
     assert refused.status == 400 and refused.json()["message"].startswith("cpuPinning: model sleep")

@@ -3,6 +3,7 @@ server), on either backend.
 
     with EmbeddedServer(model_store, models={"m": "m.mar"}, properties={...}) as server:
         server.inference_url, server.management_url, server.metrics_url, server.auth_headers()
+        server.grpc_inference_target, server.grpc_management_target   # "127.0.0.1:PORT", for grpc.insecure_channel
 
 It learns where the server listens from the server's ready file (``servetune.ready``), not from its printed lines.
 """
@@ -62,6 +63,8 @@ class EmbeddedServer:
             "inference_address": "http://127.0.0.1:0",
             "management_address": "http://127.0.0.1:0",
             "metrics_address": "http://127.0.0.1:0",
+            "grpc_inference_port": "0",
+            "grpc_management_port": "0",
             "key_file": str(self.workdir / "key_file.json"),
             **(properties or {}),
         }
@@ -96,6 +99,15 @@ class EmbeddedServer:
     @property
     def metrics_url(self) -> str:
         return self.urls["metrics"]
+
+    @property
+    def grpc_inference_target(self) -> str:
+        """``host:port`` of the gRPC inference port (TorchServe's inference service, OIP, health)."""
+        return self.urls["grpc_inference"].removeprefix("grpc://")
+
+    @property
+    def grpc_management_target(self) -> str:
+        return self.urls["grpc_management"].removeprefix("grpc://")
 
     @property
     def failed_models(self) -> dict[str, str]:

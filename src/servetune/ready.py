@@ -4,7 +4,8 @@
 the server is ready: its APIs are bound and every start-up model has been loaded or has failed to load.
 
     {"pid": 1234, "backend": "native",
-     "urls": {"inference": "http://127.0.0.1:40123", "management": "...", "metrics": "..."},
+     "urls": {"inference": "http://127.0.0.1:40123", "management": "...", "metrics": "...",
+              "grpc_inference": "grpc://127.0.0.1:40125", "grpc_management": "grpc://127.0.0.1:40126"},
      "models": {"resnet18": ["1.0"]},
      "failed": {"broken.mar": "Failed to start workers for model broken ...: ValueError: ..."}}
 

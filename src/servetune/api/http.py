@@ -29,6 +29,12 @@ def error_response(error: ApiError) -> Response:
     return Response(error.body, error.status, {**NO_CACHE_HEADERS, **error.headers}, media_type="application/json")
 
 
+def kserve_error_response(error: ApiError) -> Response:
+    """KServe's (and the Open Inference Protocol's) error answer: ``{"error": message}`` with the error's status."""
+    body = json.dumps({"error": error.message}).encode()
+    return Response(body, error.status, {**NO_CACHE_HEADERS, **error.headers}, media_type="application/json")
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc)
@@ -61,4 +67,11 @@ def without_trailing_slash(app: ASGIApp) -> ASGIApp:
     return strip
 
 
-__all__ = ["NO_CACHE_HEADERS", "error_response", "exception_handlers", "json_response", "without_trailing_slash"]
+__all__ = [
+    "NO_CACHE_HEADERS",
+    "error_response",
+    "exception_handlers",
+    "json_response",
+    "kserve_error_response",
+    "without_trailing_slash",
+]

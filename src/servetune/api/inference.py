@@ -17,33 +17,15 @@ from starlette.routing import Route
 
 from servetune._exceptions import ApiError
 from servetune.api import protocols
+from servetune.api.answers import CLIENT_GONE, observe, result_response, run_watched
 from servetune.api.auth import TokenStore
 from servetune.api.body import parse_inputs, read_body
-from servetune.api.http import NO_CACHE_HEADERS, error_response, exception_handlers, json_response
+from servetune.api.http import error_response, exception_handlers, json_response
 from servetune.api.metrics import ApiMetrics
 from servetune.api.openapi import inference_spec
 from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
 from servetune.config.server import ServerConfig
-
-QUEUE_HEADER = "X-Servetune-Queue-Ms"
-HANDLER_HEADER = "X-Servetune-Handler-Ms"
-BATCH_HEADER = "X-Servetune-Batch-Size"
-CLIENT_GONE = 499  # nginx's "client closed request": nobody is left to read the answer
-
-
-def client_gone(request: Request) -> tuple[asyncio.Task[None], list[bool]]:
-    """Watch the connection while the request waits for its batch: a client that went away is dropped from the
-    queue instead of run. Returns the watcher (cancel it when done) and a flag cell."""
-    gone = [False]
-
-    async def watch() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                gone[0] = True
-                return
-
-    return asyncio.create_task(watch()), gone
+from servetune.handlers.envelopes import PROTOCOL_HEADER
 
 
 async def infer_http(
@@ -61,26 +43,9 @@ async def infer_http(
     inputs = await parse_inputs(request, body)
     headers = dict(request.headers)
     headers["explain"] = "True" if explain else headers.get("explain", "False")
-    watcher, gone = client_gone(request)
-    job = InferRequest(request_id, headers, inputs, time.monotonic(), lambda: gone[0])
-    try:
-        return await backend.infer(name, version, job)
-    finally:
-        watcher.cancel()
-
-
-def result_response(result: InferResult, request_id: str, max_response_size: int) -> Response:
-    if len(result.body) > max_response_size:
-        return error_response(ApiError.response_too_large(len(result.body), max_response_size))
-    headers = {
-        **NO_CACHE_HEADERS,
-        **result.headers,
-        QUEUE_HEADER: f"{result.queue_ms:.3f}",
-        HANDLER_HEADER: f"{result.handler_ms:.3f}",
-        BATCH_HEADER: str(result.batch_size),
-        "x-request-id": request_id,
-    }
-    return Response(result.body, result.status, headers, media_type=result.content_type)
+    headers.pop(PROTOCOL_HEADER, None)  # TorchServe's routes: the configured service_envelope, if any
+    job = InferRequest(request_id, headers, inputs, time.monotonic())
+    return await run_watched(backend, request, name, version, job)
 
 
 def create_inference_app(
@@ -94,15 +59,17 @@ def create_inference_app(
     require_token = tokens is not None and config.inference_token_authorization
     readiness = readiness or Readiness()
 
-    def authorize(request: Request) -> None:
+    def authorize(request: Request, probe: bool = False) -> None:
+        """The inference token, when required (``probe``: a health check, open with ``open_ping``)."""
+        if probe and config.open_ping:
+            return
         if require_token and not (
             tokens is not None and tokens.check("inference", request.headers.get("authorization"))
         ):
             raise ApiError.invalid_key()
 
     async def ping(request: Request) -> Response:
-        if not config.open_ping:
-            authorize(request)
+        authorize(request, probe=True)
         if not readiness.starting and not readiness.failed and await backend.healthy():
             return json_response({"status": "Healthy"})
         payload: dict[str, object] = {"status": "Unhealthy"}
@@ -129,15 +96,7 @@ def create_inference_app(
             return error_response(exc)
         except asyncio.CancelledError:
             return Response(b"", CLIENT_GONE)  # the client went away before its batch was sent
-        if metrics is not None:
-            metrics.observe_request(
-                name,
-                result.version or version or "",
-                result.status,
-                time.perf_counter() - received,
-                result.queue_ms / 1000.0,
-                result.handler_ms / 1000.0 or None,
-            )
+        observe(metrics, name, version, result, received)
         return result_response(result, request_id, config.max_response_size)
 
     async def predictions(request: Request) -> Response:
@@ -154,7 +113,7 @@ def create_inference_app(
         Route("/predictions/{model}/{version}", predictions, methods=["POST", "PUT"]),
         Route("/explanations/{model}", explanations, methods=["POST", "PUT"]),
         Route("/explanations/{model}/{version}", explanations, methods=["POST", "PUT"]),
-        *protocols.http_routes(backend, config, metrics, readiness),
+        *protocols.http_routes(backend, config, metrics, readiness, authorize),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers())
 

@@ -12,7 +12,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -59,6 +60,30 @@ class Management:
         if not found:
             raise ApiError.version_not_found(name, version)
         return found
+
+    def list_models(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """``GET /models``: the default versions, paged (``limit``, ``next_page_token`` as TorchServe reads them)."""
+        names = sorted({m.name: m for m in self.backend.models() if m.is_default}.items())
+        start, limit = p.page(params, len(names))
+        payload: dict[str, Any] = {}
+        if start + limit < len(names):
+            payload["nextPageToken"] = str(start + limit)
+        payload["models"] = [{"modelName": n, "modelUrl": ref.url} for n, ref in names[start : start + limit]]
+        return payload
+
+    async def describe(self, name: str, version: str | None, customized: bool) -> list[dict[str, Any]]:
+        """``GET /models/{name}[/{version}|/all][?customized=true]``: TorchServe's describe JSON, one per version."""
+        refs = self.versions(name, version)
+        described = [describe(await self.backend.status(name, r.version)) for r in refs]
+        if customized:
+            for entry, ref in zip(described, refs, strict=True):
+                entry["customizedMetadata"] = await self.customized_metadata(name, ref.version)
+        return described
+
+    async def set_default(self, name: str, version: str) -> str:
+        self.versions(name, version)
+        await self.backend.set_default(name, version)
+        return f'Default version successfully updated for model "{name}" to "{version}"'
 
     # ---- register / scale / unregister -------------------------------------------------------
 
@@ -167,7 +192,7 @@ class Management:
 
 
 def create_management_app(management: Management, tokens: TokenStore | None) -> Starlette:
-    backend, config = management.backend, management.config
+    config = management.config
 
     def authorize(request: Request) -> None:
         if tokens is not None and not tokens.check("management", request.headers.get("authorization")):
@@ -180,13 +205,7 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
     async def models(request: Request) -> Response:
         authorize(request)
         if request.method == "GET":
-            names = sorted({m.name: m for m in backend.models() if m.is_default}.items())
-            start, limit = p.page(request.query_params, len(names))
-            payload: dict[str, Any] = {}
-            if start + limit < len(names):
-                payload["nextPageToken"] = str(start + limit)
-            payload["models"] = [{"modelName": n, "modelUrl": ref.url} for n, ref in names[start : start + limit]]
-            return json_response(payload)
+            return json_response(management.list_models(request.query_params))
         model_api_enabled()
         params = p.register_params(await p.request_params(request), config.max_workers_per_model)
         status, message = await management.register(params)
@@ -197,12 +216,8 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
         name = request.path_params["name"]
         version = request.path_params.get("version")
         if request.method == "GET":
-            refs = management.versions(name, version)
-            described = [describe(await backend.status(name, r.version)) for r in refs]
-            if request.query_params.get("customized", "").lower() == "true":
-                for entry, ref in zip(described, refs, strict=True):
-                    entry["customizedMetadata"] = await management.customized_metadata(name, ref.version)
-            return json_response(described)
+            customized = request.query_params.get("customized", "").lower() == "true"
+            return json_response(await management.describe(name, version, customized))
         if request.method == "DELETE":
             model_api_enabled()
             return json_response({"status": await management.unregister(name, version)})
@@ -215,6 +230,8 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
         workers = p.scale_params(params, config.max_workers_per_model)  # validated before anything changes
         messages = []
         if not change.empty:
+            if "min_worker" in params or "max_worker" in params:
+                change = replace(change, for_workers=workers[0])
             messages.append(await management.reconfigure(name, version, change))
         status = 200
         if scaling:
@@ -228,9 +245,7 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
     async def set_default(request: Request) -> Response:
         authorize(request)
         name, version = request.path_params["name"], request.path_params["version"]
-        management.versions(name, version)
-        await backend.set_default(name, version)
-        return json_response({"status": f'Default version successfully updated for model "{name}" to "{version}"'})
+        return json_response({"status": await management.set_default(name, version)})
 
     async def token(request: Request) -> Response:
         if tokens is None:

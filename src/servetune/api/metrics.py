@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -77,6 +78,7 @@ class ApiMetrics:
 
     def __init__(self, observing: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        self.observing = observing
         if not observing:
             return
         self.ts = _TorchServeCounters(socket.gethostname())
@@ -110,19 +112,29 @@ class ApiMetrics:
             buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
+        self._labelled: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
+
+    def _children(self, key: tuple[str, str]) -> tuple[Any, Any, Any, Any]:
+        """The four labelled histograms of a model version, looked up once (``labels()`` costs ~3 µs each)."""
+        found = self._labelled.get(key)
+        if found is None:
+            latency, queue = self.latency.labels(*key), self.queue.labels(*key)
+            found = self._labelled[key] = (latency, queue, self.handler.labels(*key), self.batch_size.labels(*key))
+        return found
 
     def observe_request(
         self, model: str, version: str, status: int, total_s: float, queue_s: float | None, handler_s: float | None
     ) -> None:
         key = (model, version)
+        latency, queue, handler, _ = self._children(key)
         self.ts.requests[key] = self.ts.requests.get(key, 0.0) + 1
         self.ts.latency_us[key] = self.ts.latency_us.get(key, 0.0) + total_s * 1e6
         if queue_s is not None:
             self.ts.queue_us[key] = self.ts.queue_us.get(key, 0.0) + queue_s * 1e6
-            self.queue.labels(model, version).observe(queue_s)
+            queue.observe(queue_s)
         if handler_s is not None:
-            self.handler.labels(model, version).observe(handler_s)
-        self.latency.labels(model, version).observe(total_s)
+            handler.observe(handler_s)
+        latency.observe(total_s)
         self.observe_status(status)
 
     def observe_status(self, status: int) -> None:
@@ -131,7 +143,7 @@ class ApiMetrics:
             self.ts.status_classes[bucket] += 1
 
     def observe_batch(self, model: str, version: str, size: int) -> None:
-        self.batch_size.labels(model, version).observe(size)
+        self._children((model, version))[3].observe(size)
 
     def register(self, collector: object) -> None:
         """Add a backend's own collector (anything with ``collect()``), e.g. :class:`ModelGauges`."""

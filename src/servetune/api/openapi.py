@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from servetune import __version__
+from servetune.api.kserve_openapi import kserve_paths
 
 _ERROR = {
     "type": "object",
@@ -84,6 +85,7 @@ def inference_spec(models: list[str] | None = None) -> dict[str, Any]:
         "parameters": [_path_param("model_name"), _path_param("model_version")],
         **versioned,
     }
+    spec["paths"].update(kserve_paths())
     if models is not None:
         spec["x-models"] = sorted(models)
     return spec

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune._exceptions import ApiError, ConfigError
+from servetune.api.metadata import declared_metadata
 from servetune.archive import ModelArchive
 from servetune.config.model import ModelConfig, models_json_entry
 from servetune.config.server import ServerConfig
@@ -60,6 +61,7 @@ class VersionPlan:
     default_pinning: bool = False  # the server's cpuPinning default (cpu_launcher_enable)
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
+    service_envelope: str | None = None  # TorchServe's service_envelope: requests on its own routes
 
     @property
     def batch_size(self) -> int:
@@ -101,6 +103,7 @@ class VersionPlan:
             cpu_cores=cpu_cores,
             limit_max_image_pixels=self.limit_max_image_pixels,
             decode_input_request=self.decode_input_request,
+            service_envelope=self.service_envelope,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -128,10 +131,11 @@ def plan_version(
     manifest["model"] = info
     model_config = ModelConfig()
     try:
-        entry = (config.models.get(name) or {}).get(version)
+        entry = (config.models.get(name) or {}).get(version) or (config.model_snapshot.get(name) or {}).get(version)
         if params.loaded_at_startup and isinstance(entry, dict):
             model_config = models_json_entry(entry, source=f"models[{name}][{version}]")
         model_config = model_config.merged(archive.model_config, source=f"{params.url}: model-config.yaml")
+        declared_metadata(model_config.handler_config, source=f"{params.url}: model-config.yaml")
     except ConfigError as exc:
         raise ApiError.bad_request(str(exc)) from None
     model_config = model_config.with_api_params(
@@ -171,6 +175,7 @@ def plan_version(
         default_pinning=config.cpu_launcher_enable,
         limit_max_image_pixels=config.limit_max_image_pixels,
         decode_input_request=config.decode_input_request,
+        service_envelope=config.service_envelope,
     )
 
 

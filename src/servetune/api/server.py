@@ -2,9 +2,9 @@
 until a signal, shut down.
 
 ApiServer(config, backend).run()  ->  backend.open()  ->  bind (inference unless the backend serves it itself,
-management, metrics)  ->  register the start-up models (``/ping`` answers 500 meanwhile)  ->  ready file and
-``Model server started.``  ->  wait for SIGTERM/SIGINT  ->  stop accepting, finish in-flight requests within the
-grace period, ``backend.close()``.
+management, metrics; then the gRPC APIs, on Ray too: the driver serves them through handles)  ->  register the
+start-up models (``/ping`` answers 500 meanwhile)  ->  ready file and ``Model server started.``  ->  wait for
+SIGTERM/SIGINT  ->  stop accepting, finish in-flight requests within the grace period, ``backend.close()``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import uvicorn
 
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.auth import TokenStore
+from servetune.api.grpc import GrpcServers, Served
 from servetune.api.http import without_trailing_slash
 from servetune.api.inference import create_inference_app
 from servetune.api.management import Management, create_management_app
@@ -63,6 +64,10 @@ def bind_socket(address: Address) -> socket.socket:
 
 def startup_models(config: ServerConfig, cli_models: tuple[str, ...]) -> list[tuple[str | None, str]]:
     """``--models``/``load_models`` entries as (name or None, url); ``all`` means every archive in the store."""
+    if not cli_models and config.model_snapshot:  # TorchServe restores a snapshot instead of load_models
+        return [
+            (name, entry["marName"]) for name, versions in config.model_snapshot.items() for entry in versions.values()
+        ]
     entries = cli_models or config.load_models
     out: list[tuple[str | None, str]] = []
     for entry in entries:
@@ -80,6 +85,16 @@ def startup_models(config: ServerConfig, cli_models: tuple[str, ...]) -> list[tu
     return out
 
 
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (``uvicorn[standard]`` brings it), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -87,7 +102,7 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         access_log=False,
         lifespan="off",
         loop="asyncio",
-        http="httptools",
+        http="servetune.api.keepalive:KeepAliveHttpToolsProtocol",  # ab -k: HTTP/1.0 keep-alive too
         timeout_keep_alive=30,
         timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
         limit_concurrency=None,
@@ -107,12 +122,15 @@ class ApiServer:
         self.tokens: TokenStore | None = None
         self.urls: dict[str, str] = {}
         self._servers: list[EmbeddedUvicorn] = []
+        self.grpc: GrpcServers | None = None
         self._stop = asyncio.Event()
 
     def run(self) -> int:
-        """Connect the backend on the main thread, then serve on an event loop until a signal."""
+        """Connect the backend on the main thread, then serve on an event loop until a signal (uvloop's, where it is
+        installed: uvicorn's own ``loop`` setting does not apply to a server that brings its loop)."""
         self.backend.open()
-        return asyncio.run(self.serve())
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(self.serve())
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -125,6 +143,7 @@ class ApiServer:
         tasks: list[asyncio.Task[Any]] = []
         try:
             tasks = self.bind()
+            await self.bind_grpc()
             await self.load_startup_models()
             await self._stop.wait()
         finally:
@@ -164,6 +183,17 @@ class ApiServer:
             say("WARNING: an API listens beyond loopback; make sure token authorization stays on")
         return tasks
 
+    async def bind_grpc(self) -> None:
+        """TorchServe's gRPC inference and management APIs and the OIP gRPC service, after the HTTP APIs."""
+        served = Served(self.backend, self.config, self.management, self.readiness, self.tokens)
+        self.grpc = GrpcServers(served)
+        for name, url in (await self.grpc.start()).items():
+            self.urls[name] = url
+            say(f"gRPC {name.removeprefix('grpc_').capitalize()} API bound to {url.removeprefix('grpc://')}")
+        hosts = (self.config.grpc_inference_address, self.config.grpc_management_address)
+        if any(host not in LOOPBACK for host in hosts):
+            say("WARNING: a gRPC API listens beyond loopback; make sure token authorization stays on")
+
     async def load_startup_models(self) -> None:
         """Register every start-up model (concurrently) before saying the server is up; ``/ping`` says Unhealthy
         meanwhile, and stays so if one fails to load."""
@@ -180,6 +210,11 @@ class ApiServer:
                 say(f"ERROR: failed to load model {name or url}: {exc.message}")
 
         await asyncio.gather(*(load(name, url) for name, url in entries))
+        registered = {(m.name, m.version) for m in self.backend.models()}
+        for name, versions in self.config.model_snapshot.items():  # the snapshot's default versions
+            for version, entry in versions.items():
+                if entry.get("defaultVersion") and (name, version) in registered:
+                    await self.backend.set_default(name, version)
         await self.backend.started(dict(self.readiness.failed))
         self.readiness.starting = False
         if self.ready_file is not None:
@@ -194,6 +229,8 @@ class ApiServer:
         say("Model server stopping: finishing in-flight requests")
         for server in self._servers:
             server.should_exit = True
+        if self.grpc is not None:
+            tasks.append(asyncio.create_task(self.grpc.stop(self.config.shutdown_grace_period)))
         await asyncio.gather(*tasks, return_exceptions=True)
         self.management.cancel_background()
         await self.backend.close(grace_s=0.0)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune.handlers.service import InputParam
+from servetune.tensors import TensorMetadata
 
 if TYPE_CHECKING:
     from servetune.api.metrics import ApiMetrics
@@ -34,6 +35,16 @@ class InferRequest:
     arrival: float  # time.monotonic() when the server accepted it (the batcher's delay counts from here)
     is_disconnected: Callable[[], bool] | None = None  # the client went away: drop it rather than run it
     describe: bool = False  # a describe request (``?customized=true``): runs in a batch of its own
+    # A streaming request (gRPC StreamPredictions): it runs in a batch of its own, and every intermediate answer the
+    # handler sends (``send_intermediate_predict_response``) reaches this callback, on the event loop, before
+    # ``Backend.infer`` returns the final answer. None: intermediate answers are dropped.
+    on_partial: Callable[[InferResult], None] | None = None
+
+    @property
+    def solo(self) -> bool:
+        """Runs in a batch of its own: a describe request (the handler reads request 0's header), or a stream
+        (TorchServe forces batch size one for StreamPredictions)."""
+        return self.describe or self.on_partial is not None
 
 
 @dataclass(slots=True)
@@ -112,10 +123,32 @@ class Reconfigure:
     num_threads: int | None = None
     inter_op_threads: int | None = None  # needs new workers: the backend restarts them
     cpu_pinning: bool | None = None
+    for_workers: int | None = None  # the workers the change is for, when the same call scales (checked against them)
 
     @property
     def empty(self) -> bool:
-        return all(getattr(self, name) is None for name in self.__dataclass_fields__)
+        return all(getattr(self, name) is None for name in self.__dataclass_fields__ if name != "for_workers")
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """A model version as the Open Inference Protocol describes it (``GET /v2/models/{name}``, gRPC ModelMetadata):
+    the tensors declared in its model-config.yaml (``oip:``) or by its handler (``model_metadata()``), else none."""
+
+    name: str
+    versions: tuple[str, ...]  # every registered version of the model
+    platform: str  # "<project>_<format>", informational; "" when not declared
+    inputs: tuple[TensorMetadata, ...] = ()
+    outputs: tuple[TensorMetadata, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": list(self.versions),
+            "platform": self.platform,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+        }
 
 
 @dataclass
@@ -148,6 +181,10 @@ class InferenceBackend(Protocol):
 
     async def ready(self, name: str, version: str | None) -> bool:
         """This version (default: the default one) has at least its ``minWorkers`` ready; raises ApiError 404."""
+        ...
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        """This version's OIP metadata (``servetune.api.metadata.model_metadata``); raises ApiError 404."""
         ...
 
 
@@ -211,6 +248,7 @@ __all__ = [
     "InferResult",
     "InferenceBackend",
     "Input",
+    "ModelMetadata",
     "ModelRef",
     "ModelStatus",
     "Readiness",

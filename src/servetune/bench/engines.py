@@ -16,6 +16,9 @@ from servetune.bench.spec import BenchSpec
 ENGINES: dict[str, str] = {
     "async": "servetune.bench.async_engine:AsyncEngine",
     "ab": "servetune.bench.ab_engine:ApacheBenchEngine",
+    "grpc": "servetune.bench.grpc_engine:GrpcEngine",
+    "oip-json": "servetune.bench.oip:OipJsonEngine",
+    "oip-binary": "servetune.bench.oip:OipBinaryEngine",
 }
 
 

@@ -15,7 +15,7 @@ Arrival = Literal["constant", "poisson"]
 Mode = Literal["closed", "open"]
 
 _WARMUP = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|sec|seconds?|r|req|requests?)?\s*$", re.IGNORECASE)
-_MODEL_PATH = re.compile(r"^/(?:predictions|explanations)/([^/]+)")
+_MODEL_PATH = re.compile(r"^/(?:predictions|explanations|v1/models|v2/models)/([^/:]+)")
 
 
 @dataclass(frozen=True)

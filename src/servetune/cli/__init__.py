@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "servetune.cli.bench",
     "optimize": "servetune.cli.optimize",
     "tune": "servetune.cli.tune",
+    "kserve": "servetune.cli.kserve",
 }
 
 

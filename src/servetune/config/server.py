@@ -20,6 +20,8 @@ from servetune.config.properties import read_properties
 
 log = logging.getLogger("servetune.config")
 
+SERVICE_ENVELOPES = ("body", "json", "kserve", "kservev2")  # TorchServe's request envelopes
+
 _ADDRESS = re.compile(r"^(https?)://(\[[^\]]+\]|[^:/]+)(?::(\d+))?/?$", re.IGNORECASE)
 
 # Keys TorchServe reads that servetune accepts but does not act on: logged once at start, never silently dropped.
@@ -42,20 +44,12 @@ _ACCEPTED_NOT_USED = frozenset(
         "system_metrics_cmd",
         "install_py_dep_per_model",
         "workflow_store",
-        "grpc_inference_address",
-        "grpc_management_address",
-        "grpc_inference_port",
-        "grpc_management_port",
-        "enable_grpc_ssl",
-        "model_snapshot",
         "ipex_enable",
         "ipex_gpu_enable",
         "model_server_home",
         "debug",
         "unregister_model_timeout",
         "use_env_allowed_urls",
-        "ts_open_inference_protocol",
-        "service_envelope",
         "default_service_handler",
         "blacklist_env_vars",
     }
@@ -97,6 +91,14 @@ def _bool(key: str, value: str) -> bool:
     raise ConfigError(f"{key}={value!r}: expected true or false")
 
 
+def _host(key: str, value: str) -> str:
+    """A gRPC bind address as TorchServe takes it: a host or IP (``0.0.0.0``, ``::``), brackets optional."""
+    host = value.strip().strip("[]")
+    if not host or any(c in host for c in "/ "):
+        raise ConfigError(f"{key}={value!r}: expected a host or IP address, e.g. 127.0.0.1 or 0.0.0.0")
+    return host
+
+
 def _int(key: str, value: str, minimum: int = 0) -> int:
     try:
         number = int(value.strip())
@@ -117,6 +119,9 @@ class ServerConfig:
     model_store: Path | None = None
     load_models: tuple[str, ...] = ()
     models: Mapping[str, Any] = field(default_factory=dict)
+    # TorchServe's snapshot (``model_snapshot={"name": ..., "models": {name: {version: {"marName": ..., ...}}}}``): the
+    # start-up models and their settings, as TorchServe's KServe images ship them; it wins over ``load_models``
+    model_snapshot: Mapping[str, Any] = field(default_factory=dict)
     default_workers_per_model: int = 0
     number_of_gpu: int | None = None
     job_queue_size: int = 100
@@ -140,6 +145,17 @@ class ServerConfig:
     shutdown_grace_period: float = 30.0
     cpu_launcher_enable: bool = False  # TorchServe's key: every model's workers pinned to cores of their own
     cpu_launcher_args: str = ""  # TorchServe's launcher flags; servetune maps --ncores_per_instance, see below
+    # TorchServe's gRPC APIs (and the Open Inference Protocol's, on the inference port): a host, not a URL
+    grpc_inference_address: str = "127.0.0.1"
+    grpc_management_address: str = "127.0.0.1"
+    grpc_inference_port: int = 7070  # 0: any free port
+    grpc_management_port: int = 7071
+    grpc_inference_max_connection_age_ms: int = 0  # 0: connections live as long as the client keeps them
+    grpc_management_max_connection_age_ms: int = 0
+    grpc_inference_max_connection_age_grace_ms: int = 0
+    grpc_management_max_connection_age_grace_ms: int = 0
+    service_envelope: str | None = None  # body|json|kserve|kservev2: requests on TorchServe's routes (docs/kserve.md)
+    ts_open_inference_protocol: bool = False  # TorchServe's switch for OIP; servetune serves OIP REST regardless
 
     @classmethod
     def load(
@@ -162,6 +178,9 @@ class ServerConfig:
                 env_key = f"TS_{key.upper()}"
                 if env_key in environ:
                     raw[key] = environ[env_key]
+        oip = environ.get("TS_OPEN_INFERENCE_PROTOCOL")
+        if oip:  # read by TorchServe whatever enable_envvars_config says: "oip" turns it on
+            raw["ts_open_inference_protocol"] = str(oip == "oip").lower()
         raw.update(cli or {})
         return cls.from_properties(raw)
 
@@ -179,12 +198,27 @@ class ServerConfig:
                 values[key] = tuple(part.strip() for part in value.split(",") if part.strip())
             elif key == "models":
                 values[key] = _parse_models_json(value)
+            elif key == "model_snapshot":
+                values[key] = _parse_snapshot(value)
             elif key == "allowed_urls":
                 values[key] = tuple(part for part in (p.strip() for p in value.split(",")) if part)
             elif key == "number_of_gpu":
                 values[key] = _int(key, value)
             elif key in ("key_file",):
                 values[key] = Path(value)
+            elif key in ("grpc_inference_address", "grpc_management_address"):
+                values[key] = _host(key, value)
+            elif key == "enable_grpc_ssl":
+                if _bool(key, value):
+                    raise ConfigError(f"{key}={value!r}: TLS on gRPC is not supported; terminate TLS in a proxy")
+            elif key in ("grpc_inference_port", "grpc_management_port"):
+                values[key] = _int(key, value)
+                if values[key] > 65535:
+                    raise ConfigError(f"{key}={value!r}: port must be 0..65535")
+            elif key == "service_envelope":
+                if value.strip() not in SERVICE_ENVELOPES + ("",):
+                    raise ConfigError(f"{key}={value!r}: expected one of {', '.join(SERVICE_ENVELOPES)}")
+                values[key] = value.strip() or None
             elif key == "cors_allowed_origin":
                 values[key] = value
             elif key == "cpu_launcher_args":
@@ -268,6 +302,10 @@ def launcher_threads(args: str) -> int:
 
 
 _INT_KEYS = {
+    "grpc_inference_max_connection_age_ms": 0,
+    "grpc_management_max_connection_age_ms": 0,
+    "grpc_inference_max_connection_age_grace_ms": 0,
+    "grpc_management_max_connection_age_grace_ms": 0,
     "default_workers_per_model": 0,
     "job_queue_size": 1,
     "max_request_size": 1,
@@ -288,12 +326,29 @@ _BOOL_KEYS = frozenset(
         "limit_max_image_pixels",
         "decode_input_request",
         "cpu_launcher_enable",
+        "ts_open_inference_protocol",
     }
 )
 
 
 def _known_keys() -> list[str]:
-    return [f.name for f in fields(ServerConfig)] + sorted(_ACCEPTED_NOT_USED)
+    return [f.name for f in fields(ServerConfig)] + ["enable_grpc_ssl"] + sorted(_ACCEPTED_NOT_USED)
+
+
+def _parse_snapshot(value: str) -> dict[str, Any]:
+    """The ``models`` of a TorchServe snapshot, each version naming its archive (``marName``)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"model_snapshot={value[:80]!r}: not valid JSON ({exc.msg} at char {exc.pos})") from None
+    models = parsed.get("models") if isinstance(parsed, dict) else None
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise ConfigError('model_snapshot: expected {"models": {"<name>": {"<version>": {"marName": ..., ...}}}}')
+    for name, versions in models.items():
+        for version, entry in versions.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("marName"), str) or not entry["marName"]:
+                raise ConfigError(f"model_snapshot: models[{name}][{version}]: expected an object with a marName")
+    return models
 
 
 def _parse_models_json(value: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 ``install_ts_alias()`` puts a finder first on ``sys.meta_path`` that answers the names in ``ALIASES`` with
 servetune's own module objects, so ``from ts.torch_handler.base_handler import BaseHandler`` yields
 ``servetune.handlers.base.BaseHandler`` itself (class identity and ``isinstance`` hold). The packages
-``ts``, ``ts.torch_handler``, ``ts.utils``, ``ts.metrics`` and ``ts.handler_utils`` are small stand-in
+``ts``, ``ts.torch_handler``, ``ts.utils``, ``ts.metrics``, ``ts.handler_utils`` and ``ts.protocol`` are small stand-in
 modules.
 
 When the real TorchServe is installed, ours wins inside servetune workers (``load_service`` installs the
@@ -46,6 +46,9 @@ ALIASES: dict[str, str | None] = {
     "ts.metrics.metric_type_enum": "servetune.handlers.metrics",
     "ts.handler_utils": None,
     "ts.handler_utils.timer": "servetune.handlers.metrics",
+    "ts.handler_utils.utils": "servetune.handlers.streaming",
+    "ts.protocol": None,
+    "ts.protocol.otf_message_handler": "servetune.handlers.streaming",  # its deprecated send_intermediate_...
 }
 
 

@@ -8,6 +8,7 @@ headers set here are what the worker answers with.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from servetune.handlers.metrics import MetricsCache
@@ -88,6 +89,8 @@ class Context:
         self.model_yaml_config: dict[str, Any] = model_yaml_config if model_yaml_config is not None else {}
         self.stopping_criteria: Any = None
         self.cl_socket: Any = None
+        # servetune's worker sets this: (request id, status, body, content type) of one intermediate answer
+        self.partial_sink: Callable[[str, int, bytes, str | None], None] | None = None
         self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
         self.header_key_sequence_start = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
         self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")

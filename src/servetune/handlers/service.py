@@ -21,6 +21,7 @@ from servetune._exceptions import HandlerError
 from servetune.handlers.codec import UnsupportedOutputError, decode_value, encode_value, error_body
 from servetune.handlers.compat import install_ts_alias
 from servetune.handlers.context import Context, RequestProcessor
+from servetune.handlers.envelopes import with_envelopes
 from servetune.handlers.loader import EntryPoint, forget_shadowed_modules, import_handler_module, resolve_entry_point
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
@@ -181,8 +182,10 @@ def load_service(
     model_yaml_config: dict[str, Any],
     limit_max_image_pixels: bool = True,
     decode_input_request: bool = True,
+    service_envelope: str | None = None,
 ) -> Service:
-    """Import the handler named by ``manifest["model"]["handler"]`` and initialise it.
+    """Import the handler named by ``manifest["model"]["handler"]`` and initialise it. Its entry point is wrapped by
+    the request envelopes (``servetune.handlers.envelopes``: KServe v1 / OIP v2 requests, ``service_envelope``).
 
     Raises ``HandlerError`` carrying the handler's own error message and a traceback summary.
     """
@@ -215,7 +218,8 @@ def load_service(
         raise
     except Exception as exc:
         raise HandlerError(f"model {model_name!r}: handler {handler!r} failed to load: {_summary(exc)}") from exc
-    return Service(context, entry_point, decode_input_request=decode_input_request)
+    wrapped = with_envelopes(entry_point, module, service_envelope)
+    return Service(context, wrapped, decode_input_request=decode_input_request)
 
 
 def _summary(exc: BaseException, frames: int = 6) -> str:

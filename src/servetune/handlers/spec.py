@@ -30,6 +30,7 @@ class WorkerSpec:
     cpu_cores: tuple[int, ...] = ()  # (): not pinned
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
+    service_envelope: str | None = None  # TorchServe's service_envelope, for requests on its own routes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +89,7 @@ def start_service(spec: WorkerSpec) -> Service:
         model_yaml_config=spec.model_yaml_config,
         limit_max_image_pixels=spec.limit_max_image_pixels,
         decode_input_request=spec.decode_input_request,
+        service_envelope=spec.service_envelope,
     )
 
 

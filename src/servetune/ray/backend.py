@@ -16,14 +16,24 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from servetune._exceptions import ApiError, ConfigError, WorkerLoadError
+from servetune.api.metadata import model_metadata
 from servetune.api.metrics import ApiMetrics
 from servetune.api.plan import RegisterParams, VersionPlan
-from servetune.api.types import InferRequest, InferResult, ModelRef, ModelStatus, Reconfigure, WorkerStatus
+from servetune.api.types import (
+    InferRequest,
+    InferResult,
+    ModelMetadata,
+    ModelRef,
+    ModelStatus,
+    Reconfigure,
+    WorkerStatus,
+)
 from servetune.config.server import ServerConfig
 from servetune.ray.controller import RayCluster
 from servetune.ray.metrics import SummedReports, start_sink
@@ -165,11 +175,28 @@ class RayBackend:
         if not rv.serving:
             raise ApiError.no_worker(name)
         handle = serve.get_deployment_handle(deployment_name(name, rv.version), app_name=name)
+        sent = dataclasses.replace(request, is_disconnected=None, on_partial=None)
         try:
-            result: InferResult = await handle.infer_remote.remote(dataclasses.replace(request, is_disconnected=None))
+            if request.on_partial is None:
+                result: InferResult = await handle.infer_remote.remote(sent)
+                return result
+            return await self._stream(handle, sent, request.on_partial)
         except RayError as exc:
             raise ApiError.unavailable(f"Worker died while running this request: {exc}") from None
-        return result
+
+    @staticmethod
+    async def _stream(handle: Any, request: InferRequest, on_partial: Callable[[InferResult], None]) -> InferResult:
+        """A streaming request through the replica's ``stream_remote``: intermediate answers to ``on_partial`` as
+        they come, the final one returned."""
+        final: InferResult | None = None
+        async for is_final, result in handle.options(stream=True).stream_remote.remote(request):
+            if is_final:
+                final = result
+            else:
+                on_partial(result)
+        if final is None:
+            raise ApiError.unavailable("The replica ended the stream without a final answer")
+        return final
 
     async def healthy(self) -> bool:
         from servetune.ray.frontend import cluster_healthy
@@ -183,6 +210,10 @@ class RayBackend:
             return True
         count = None if rv.autoscaling else rv.min_workers
         return await asyncio.to_thread(self.cluster.wait_replicas, name, rv.version, count, 0.0)
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        rv = self.get(name, version)
+        return await model_metadata(self, rv.plan, list(self.plans[name].versions))
 
     # ---- management --------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ one hop).
 
 Batches: ``@serve.batch`` with max size = ``batchSize`` and wait = ``maxBatchDelay``, both from ``user_config``
 (changed in place, as are the threads); one batch at a time, run on a thread so that the next batch forms meanwhile.
-Other versions of the model are reached through their deployments' handles.
+Other versions of the model are reached through their deployments' handles. A streaming request (gRPC
+StreamPredictions, through the driver's handle) runs alone through ``stream_remote``, which yields the handler's
+intermediate answers as it sends them, then its final one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +30,10 @@ from starlette.responses import Response
 
 from servetune._exceptions import ApiError
 from servetune.api.inference import create_inference_app
+from servetune.api.metadata import model_metadata
 from servetune.api.metrics import ApiMetrics
 from servetune.api.plan import VersionPlan
-from servetune.api.types import InferRequest, InferResult, ModelRef
+from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef
 from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
 from servetune.handlers.service import Request, Service
@@ -86,10 +90,25 @@ class ReplicaView:
         return [ModelRef(name, v, "", v == self.default) for v in versions]
 
     async def healthy(self) -> bool:
-        return True
+        return True  # a replica answering is a running replica (Ray's proxy routes only to those)
 
     async def ready(self, name: str, version: str | None) -> bool:
         return True
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        plan = self.replica.plan
+        if name != plan.name:
+            raise ApiError.model_not_found(name)
+        versions = [ref.version for ref in self.models()]
+        if version is None or version == plan.version:
+            return await model_metadata(self, plan, versions)
+        if version in self.idle:
+            return ModelMetadata(name, tuple(versions), "")  # no replica holds its plan: no tensors
+        other = self.others.get(version)
+        if other is None:
+            raise ApiError.version_not_found(name, version)
+        metadata: ModelMetadata = await other.metadata_remote.remote()
+        return metadata
 
 
 class ModelReplica:
@@ -109,12 +128,14 @@ class ModelReplica:
         workdir = Path(tempfile.mkdtemp(prefix="servetune-replica-"))
         atexit.register(shutil.rmtree, workdir, True)
         self.service = load(self.plan, workdir)
+        self._streams: dict[str, Callable[[InferResult], None]] = {}  # request id -> its intermediate answers
+        self.service.context.partial_sink = self._partial
         self.batched.set_max_batch_size(self.plan.batch_size)  # type: ignore[attr-defined]
         config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
         self.metrics = ApiMetrics()
         self.reporter = Reporter(self.metrics.registry, f"{self.plan.name}/{self.plan.version}/{os.getpid()}")
-        view = ReplicaView(self, others or {}, set(idle or ()), default or self.plan.version)
-        self.app = create_inference_app(view, config, metrics=self.metrics)
+        self.view = ReplicaView(self, others or {}, set(idle or ()), default or self.plan.version)
+        self.app = create_inference_app(self.view, config, metrics=self.metrics)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """``user_config`` changes apply in place, from the next batch on: the batch size (the batch queue's and the
@@ -145,6 +166,49 @@ class ModelReplica:
         """``infer`` for the model's other versions' replicas (through a handle): the clock is this process's."""
         request.arrival = time.monotonic()
         return await self.infer(request)
+
+    async def stream_remote(self, request: InferRequest) -> AsyncIterator[tuple[bool, InferResult]]:
+        """Run one request alone (a batch of one, as TorchServe's StreamPredictions); yield ``(False, answer)`` for
+        each intermediate answer its handler sends, then ``(True, final answer)``. Called through a handle with
+        ``stream=True``."""
+        request.arrival = time.monotonic()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[InferResult] = asyncio.Queue()
+
+        def deliver(result: InferResult) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, result)
+
+        self._streams[request.request_id] = deliver
+        task = asyncio.ensure_future(self._run([request]))
+        try:
+            while not task.done():
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield False, getter.result()
+                else:
+                    getter.cancel()
+            while not queue.empty():  # sent just before the handler returned
+                yield False, queue.get_nowait()
+            yield True, task.result()[0]
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not task.done():
+                task.cancel()
+
+    def _partial(self, request_id: str, status: int, body: bytes, content_type: str | None) -> None:
+        """The handler's ``send_intermediate_predict_response`` (on the handler's thread)."""
+        deliver = self._streams.get(request_id)
+        if deliver is not None:
+            deliver(
+                InferResult(
+                    status, body, content_type, {}, batch_size=1, worker_id=str(os.getpid()), version=self.plan.version
+                )
+            )
+
+    async def metadata_remote(self) -> ModelMetadata:
+        """This version's OIP metadata, for the frontend and the model's other versions (through a handle)."""
+        return await self.view.metadata(self.plan.name, self.plan.version)
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=DEFAULT_DELAY_S)
     async def batched(self, requests: list[InferRequest]) -> list[InferResult]:

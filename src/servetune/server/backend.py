@@ -14,9 +14,10 @@ import tempfile
 from pathlib import Path
 
 from servetune._exceptions import ApiError, ArchiveError
+from servetune.api.metadata import model_metadata
 from servetune.api.metrics import ApiMetrics, ModelGauges
 from servetune.api.plan import RegisterParams, VersionPlan, plan_version
-from servetune.api.types import InferRequest, InferResult, ModelRef, ModelStatus, Reconfigure
+from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, ModelStatus, Reconfigure
 from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
 from servetune.hardware import detect_gpus
@@ -68,6 +69,10 @@ class NativeBackend:
 
     async def ready(self, name: str, version: str | None) -> bool:
         return self.registry.get(name, version).healthy()
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        model = self.registry.get(name, version)
+        return await model_metadata(self, model.plan, [m.version for m in self.registry.all() if m.name == name])
 
     # ---- management --------------------------------------------------------------------------
 

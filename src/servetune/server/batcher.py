@@ -27,8 +27,8 @@ class Job:
 
     @property
     def solo(self) -> bool:
-        """Runs in a batch of its own (a describe request: the handler reads the header of request 0)."""
-        return self.request.describe
+        """Runs in a batch of its own (a describe request, a stream: see ``InferRequest.solo``)."""
+        return self.request.solo
 
     @property
     def abandoned(self) -> bool:

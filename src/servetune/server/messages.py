@@ -3,6 +3,8 @@
     frontend -> worker   Predict   a batch (requests with their inputs), the batch size and CPU settings to use
     worker -> frontend   Ready     the model loaded (pid, load time, CPU settings as applied)
                          LoadError the model could not load (the handler's message and traceback)
+                         Partial   one intermediate answer to one request of the running batch (the handler
+                                   called ``send_intermediate_predict_response``); any number, before its Result
                          Result    one answer per request of the batch, the handler's time, GPU memory, CPU settings
 
 On the wire each is one frame of ``servetune.server.protocol``: a small JSON header (with ``type``) and the request
@@ -98,6 +100,25 @@ class Result:
 
 
 @dataclass(slots=True)
+class Partial:
+    """An intermediate answer to request ``request_id`` of the batch being run (a streaming handler's)."""
+
+    request_id: str
+    answer: Answer
+
+    def encode(self) -> bytes:
+        a = self.answer
+        header = {"type": "partial", "id": self.request_id, "item": [a.status, a.content_type, a.headers]}
+        return encode(header, [a.body])
+
+    @classmethod
+    def decode(cls, header: dict[str, Any], blobs: list[bytes]) -> Partial:
+        status, content_type, headers = header["item"]
+        [body] = blobs
+        return cls(str(header["id"]), Answer(int(status), body, content_type, headers or {}))
+
+
+@dataclass(slots=True)
 class Ready:
     pid: int
     load_ms: float
@@ -125,8 +146,14 @@ class LoadError:
         return cls(str(header.get("message", "unknown error")), str(header.get("traceback", "")))
 
 
-Message = Predict | Result | Ready | LoadError
-_TYPES: dict[str, Any] = {"predict": Predict, "result": Result, "ready": Ready, "load_error": LoadError}
+Message = Predict | Result | Partial | Ready | LoadError
+_TYPES: dict[str, Any] = {
+    "predict": Predict,
+    "result": Result,
+    "partial": Partial,
+    "ready": Ready,
+    "load_error": LoadError,
+}
 
 
 def decode_message(header: dict[str, Any], blobs: list[bytes]) -> Message:
@@ -135,9 +162,9 @@ def decode_message(header: dict[str, Any], blobs: list[bytes]) -> Message:
         raise ProtocolError(f"unknown message type {header.get('type')!r}")
     try:
         message: Message = kind.decode(header, blobs)
-    except (KeyError, TypeError, ValueError, StopIteration) as exc:
+    except (KeyError, TypeError, ValueError, StopIteration) as exc:  # ValueError: also a wrong blob count
         raise ProtocolError(f"malformed {header.get('type')} message: {exc!r}") from None
     return message
 
 
-__all__ = ["Answer", "LoadError", "Message", "Predict", "Ready", "Result", "decode_message"]
+__all__ = ["Answer", "LoadError", "Message", "Partial", "Predict", "Ready", "Result", "decode_message"]

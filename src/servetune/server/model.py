@@ -93,7 +93,7 @@ class ServedModel:
         """Batch size and delay: from the next batch the batcher forms (the handler's context follows with it).
         Threads and pinning: from the next batch each worker runs. Inter-op threads: new workers, one at a time."""
         config = self.plan.config
-        values: dict[str, Any] = {
+        values: dict[str, Any] = {  # ``for_workers`` is not a setting: the scale that follows applies it
             "batch_size": change.batch_size,
             "max_batch_delay_ms": change.max_batch_delay_ms,
             "num_threads": change.num_threads,
@@ -101,7 +101,8 @@ class ServedModel:
             "cpu_pinning": change.cpu_pinning,
         }
         plan = self.plan.with_config(replace(config, **{k: v for k, v in values.items() if v is not None}))
-        self.placement.demand(self.key, self.demand(self.min_workers, plan))  # refused before anything changes
+        workers = self.min_workers if change.for_workers is None else change.for_workers
+        self.placement.demand(self.key, self.demand(workers, plan))  # refused before anything changes
         restart = change.inter_op_threads is not None and change.inter_op_threads != config.inter_op_threads
         self.plan = plan
         self.batcher.reconfigure(plan.batch_size, plan.max_batch_delay_ms / 1000.0)

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servetune._exceptions import ApiError, WorkerDied, WorkerError, WorkerTimeout
 from servetune.api.types import InferResult, WorkerStatus
 from servetune.server.batcher import Job
-from servetune.server.messages import Predict
+from servetune.server.messages import Partial, Predict
 from servetune.server.process import WorkerProcess
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ class WorkerSlot:
     worker: WorkerProcess | None = None
     task: asyncio.Task[None] | None = None
     busy: bool = False
+    waiting: bool = False  # waiting for the next batch (its worker's exit cancels the wait)
+    exit_cancel: bool = False  # the slot's task was cancelled by its worker's exit, not to retire it
     retiring: bool = False
     crashes: int = 0
     last_error: str = ""
@@ -100,6 +103,7 @@ class WorkerPool:
             placement.threads(key),
             placement.cores(key, self.position(slot)),
         )
+        worker.on_partial = self._partials(batch, worker.worker_id)
         try:
             result = await worker.run(predict, float(model.plan.response_timeout_s))
         except WorkerTimeout as exc:
@@ -110,6 +114,8 @@ class WorkerPool:
         except WorkerDied as exc:
             self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
             raise
+        finally:
+            worker.on_partial = None
         if len(result.answers) != len(batch):
             message = (
                 f"worker {worker.worker_id} answered {len(result.answers)} results for a batch of {len(batch)} "
@@ -134,6 +140,28 @@ class WorkerPool:
                     )
                 )
         model.observe_batch(len(batch))
+
+    def _partials(self, batch: list[Job], worker_id: str) -> Callable[[Partial], None]:
+        """Hands each intermediate answer of the batch to its request's ``on_partial`` (dropped when it has none,
+        or it is answered already)."""
+        streams = {j.request.request_id: j for j in batch if j.request.on_partial is not None}
+        version = self.model.version
+
+        def deliver(partial: Partial) -> None:
+            job = streams.get(partial.request_id)
+            if job is None or job.future.done() or job.request.on_partial is None:
+                return
+            a = partial.answer
+            try:
+                job.request.on_partial(
+                    InferResult(
+                        a.status, a.body, a.content_type, a.headers, batch_size=1, worker_id=worker_id, version=version
+                    )
+                )
+            except Exception:  # the consumer's failure must not break the worker's connection
+                log.exception("model %s: a streaming consumer failed", self.model.name)
+
+        return deliver
 
     @staticmethod
     def _fail(jobs: list[Job], error: ApiError) -> None:
@@ -178,11 +206,14 @@ class WorkerPool:
                     continue
             slot.worker = worker
             slot.status = "READY"
+            worker.on_exit = lambda: self._exited(slot)
+            if not worker.alive:  # it died before the callback was in place
+                worker.on_exit()
             started = time.monotonic()
             served = 0
             try:
                 while not slot.retiring and not self.closed:
-                    batch = await self._next_batch_or_exit(worker)
+                    batch = await self._next_batch(slot, worker)
                     if batch is None:
                         break
                     slot.busy = True
@@ -211,35 +242,35 @@ class WorkerPool:
             slot.worker = None
             worker = None
 
-    async def _next_batch_or_exit(self, worker: WorkerProcess) -> list[Job] | None:
-        """The next batch, or None as soon as the worker process exits while idle."""
-        batcher = self.model.batcher
-        batch_task = asyncio.ensure_future(batcher.next_batch())
-        exit_task = asyncio.ensure_future(worker.exited.wait())
-        try:
-            done, _ = await asyncio.wait({batch_task, exit_task}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            # Retired while waiting: make sure a batch collected in the same instant goes back to the queue.
-            batch_task.cancel()
-            try:
-                collected = await batch_task
-            except asyncio.CancelledError:
-                pass
-            else:
-                batcher.put_front(collected)
-            raise
-        finally:
-            exit_task.cancel()
-        if batch_task in done:
-            batch = batch_task.result()
-            if worker.alive:
-                return batch
-            batcher.put_front(batch)  # died in the same instant: give the jobs back
+    async def _next_batch(self, slot: WorkerSlot, worker: WorkerProcess) -> list[Job] | None:
+        """The next batch, or None as soon as the worker process exits while the slot waits for one: its exit
+        cancels the wait (``_exited``), so that no task is made per batch to watch it. Cancel-safe: the batcher loses
+        no job when its wait is cancelled."""
+        if not worker.alive:
             return None
-        batch_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await batch_task
-        return None
+        slot.waiting = True
+        try:
+            batch = await self.model.batcher.next_batch()
+        except asyncio.CancelledError:
+            if not slot.exit_cancel or slot.retiring or self.closed:
+                raise
+            slot.exit_cancel = False
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()  # this cancellation is handled: the slot goes on (to restart its worker)
+            return None
+        finally:
+            slot.waiting = False
+        if not worker.alive:
+            self.model.batcher.put_front(batch)  # died in the same instant: give the jobs back
+            return None
+        return batch
+
+    def _exited(self, slot: WorkerSlot) -> None:
+        """The slot's worker process is gone: wake the slot if it is waiting for a batch."""
+        if slot.waiting and slot.task is not None and not slot.task.done():
+            slot.exit_cancel = True
+            slot.task.cancel()
 
     # ---- scaling -----------------------------------------------------------------------------
 

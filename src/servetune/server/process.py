@@ -9,10 +9,11 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
-from servetune.server.messages import LoadError, Message, Predict, Ready, Result, decode_message
+from servetune.server.messages import LoadError, Message, Partial, Predict, Ready, Result, decode_message
 from servetune.server.protocol import ProtocolError, read_frame
 
 
@@ -29,11 +30,13 @@ class WorkerProcess:
         self.load_ms = 0.0
         self.gpu_memory_bytes = 0  # peak GPU memory reserved, as of its last batch
         self.cpu: CpuSettings | None = None  # as the worker last reported them
+        self.on_exit: Callable[[], None] | None = None  # called once the process is gone (its socket closed)
         self._proc: asyncio.subprocess.Process | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: asyncio.Future[Message] | None = None
         self._ready: asyncio.Future[Message] | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self.on_partial: Callable[[Partial], None] | None = None  # set by the pool while a batch runs
         self.exited = asyncio.Event()
 
     @property
@@ -83,6 +86,10 @@ class WorkerProcess:
         try:
             while True:
                 message = decode_message(*await read_frame(reader))
+                if isinstance(message, Partial):
+                    if self.on_partial is not None:
+                        self.on_partial(message)
+                    continue
                 target = self._ready if self._ready is not None and not self._ready.done() else self._pending
                 if target is not None and not target.done():
                     target.set_result(message)
@@ -94,6 +101,8 @@ class WorkerProcess:
                 if fut is not None and not fut.done():
                     fut.set_exception(error)
             self.exited.set()
+            if self.on_exit is not None:
+                self.on_exit()
             if self._writer is not None:
                 self._writer.close()
             if self._proc is not None and self._proc.returncode is None:
@@ -107,17 +116,19 @@ class WorkerProcess:
         """Send one batch and wait for its result."""
         if not self.alive or self._writer is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
-        self._pending = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        pending = self._pending = loop.create_future()
         try:
             self._writer.write(batch.encode())
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
+        # One timer per batch rather than wait_for(shield(...)), which makes two tasks and a future per batch.
+        timer = loop.call_later(timeout, self._overran, pending, timeout)
         try:
-            message = await asyncio.wait_for(asyncio.shield(self._pending), timeout)
-        except TimeoutError:
-            raise WorkerTimeout(f"worker {self.worker_id} took longer than {timeout:g} s") from None
+            message = await pending
         finally:
+            timer.cancel()
             self._pending = None
         if not isinstance(message, Result):
             raise WorkerDied(f"worker {self.worker_id} answered a batch with {type(message).__name__}")
@@ -125,6 +136,10 @@ class WorkerProcess:
         if message.cpu is not None:
             self.cpu = message.cpu
         return message
+
+    def _overran(self, pending: asyncio.Future[Message], timeout: float) -> None:
+        if not pending.done():
+            pending.set_exception(WorkerTimeout(f"worker {self.worker_id} took longer than {timeout:g} s"))
 
     def kill(self) -> None:
         if self._proc is not None and self._proc.returncode is None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, start_service
-from servetune.server.messages import Answer, LoadError, Predict, Ready, Result, decode_message
+from servetune.server.messages import Answer, LoadError, Partial, Predict, Ready, Result, decode_message
 from servetune.server.protocol import recv_frame
 
 
@@ -47,6 +47,16 @@ def _die_with_parent() -> None:
 def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
     applied = (spec.num_threads, spec.cpu_cores)
     cpu = cpu_settings()
+    sending = threading.Lock()  # a handler may send intermediate answers from threads of its own
+
+    def send(frame: bytes) -> None:
+        with sending:
+            sock.sendall(frame)
+
+    def partial(request_id: str, status: int, body: bytes, content_type: str | None) -> None:
+        send(Partial(request_id, Answer(status, body, content_type, {})).encode())
+
+    service.context.partial_sink = partial
     while True:
         try:
             message = decode_message(*recv_frame(sock))
@@ -65,7 +75,7 @@ def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0
         answers = [Answer(r.status, r.body, r.content_type, r.headers) for r in responses]
-        sock.sendall(Result(answers, handler_ms, _gpu_memory(), cpu).encode())
+        send(Result(answers, handler_ms, _gpu_memory(), cpu).encode())
 
 
 def _gpu_memory() -> int:

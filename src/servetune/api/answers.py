@@ -1,0 +1,89 @@
+"""What every inference protocol does with a request once parsed: watch the client while it waits for its batch,
+run it, answer with the handler's output and where its time went, count it in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from servetune._exceptions import ApiError
+from servetune.api.http import NO_CACHE_HEADERS, error_response
+from servetune.api.metrics import ApiMetrics
+from servetune.api.types import InferenceBackend, InferRequest, InferResult
+
+QUEUE_HEADER = "X-Servetune-Queue-Ms"
+HANDLER_HEADER = "X-Servetune-Handler-Ms"
+BATCH_HEADER = "X-Servetune-Batch-Size"
+CLIENT_GONE = 499  # nginx's "client closed request": nobody is left to read the answer
+
+
+def client_gone(request: Request) -> tuple[asyncio.Task[None], list[bool]]:
+    """Watch the connection while the request waits for its batch: a client that went away is dropped from the
+    queue instead of run. Returns the watcher (cancel it when done) and a flag cell."""
+    gone = [False]
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                gone[0] = True
+                return
+
+    return asyncio.create_task(watch()), gone
+
+
+async def run_watched(
+    backend: InferenceBackend, request: Request, name: str, version: str | None, job: InferRequest
+) -> InferResult:
+    """``backend.infer`` for a request whose body has been read, dropping it if its client goes away."""
+    watcher, gone = client_gone(request)
+    job.is_disconnected = lambda: gone[0]
+    try:
+        return await backend.infer(name, version, job)
+    finally:
+        watcher.cancel()
+
+
+def timing_headers(result: InferResult, request_id: str) -> dict[str, str]:
+    return {
+        QUEUE_HEADER: f"{result.queue_ms:.3f}",
+        HANDLER_HEADER: f"{result.handler_ms:.3f}",
+        BATCH_HEADER: str(result.batch_size),
+        "x-request-id": request_id,
+    }
+
+
+def result_response(result: InferResult, request_id: str, max_response_size: int) -> Response:
+    if len(result.body) > max_response_size:
+        return error_response(ApiError.response_too_large(len(result.body), max_response_size))
+    headers = {**NO_CACHE_HEADERS, **result.headers, **timing_headers(result, request_id)}
+    return Response(result.body, result.status, headers, media_type=result.content_type)
+
+
+def observe(metrics: ApiMetrics | None, name: str, version: str | None, result: InferResult, received: float) -> None:
+    """Count a request the backend answered (``received``: ``time.perf_counter()`` when it arrived)."""
+    if metrics is not None:
+        metrics.observe_request(
+            name,
+            result.version or version or "",
+            result.status,
+            time.perf_counter() - received,
+            result.queue_ms / 1000.0,
+            result.handler_ms / 1000.0 or None,
+        )
+
+
+__all__ = [
+    "BATCH_HEADER",
+    "CLIENT_GONE",
+    "HANDLER_HEADER",
+    "QUEUE_HEADER",
+    "client_gone",
+    "observe",
+    "result_response",
+    "run_watched",
+    "timing_headers",
+]

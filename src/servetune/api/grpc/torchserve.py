@@ -1,0 +1,204 @@
+"""TorchServe's gRPC APIs: ``InferenceAPIsService`` (Ping, Predictions, StreamPredictions; port 7070) and
+``ManagementAPIsService`` (port 7071), over the same backend and the same :class:`Management` as the REST APIs, so
+that each RPC answers what its REST twin answers (the management RPCs' ``msg`` is the REST status message, or the
+JSON of describe and list). Field for field TorchServe 0.12's protos: clients generated from them work unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from servetune._exceptions import ApiError
+from servetune.api import params as p
+from servetune.api.grpc.calls import Served, infer_request, send_timing, version_or_none
+from servetune.api.grpc.status import streaming, unary
+from servetune.api.management import SCALE_WAIT_S
+from servetune.api.types import InferResult, Input
+from servetune.protos import TORCHSERVE_INFERENCE, TORCHSERVE_MANAGEMENT, methods
+
+_INFERENCE = methods(TORCHSERVE_INFERENCE)
+_MANAGEMENT = methods(TORCHSERVE_MANAGEMENT)
+PredictionResponse = _INFERENCE["Predictions"].response
+HealthResponse = _INFERENCE["Ping"].response
+ManagementResponse = _MANAGEMENT["ListModels"].response
+
+
+def answer_error(result: InferResult) -> ApiError:
+    """A handler's error answer (status >= 300) as the ApiError that carries it: its TorchServe JSON's message."""
+    message = result.body.decode("utf-8", "replace")
+    kind = "InternalServerException"
+    try:
+        parsed = json.loads(result.body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+        message, kind = parsed["message"], str(parsed.get("type") or kind)
+    return ApiError(message, result.status, kind)
+
+
+class TorchServeInference:
+    """``org.pytorch.serve.grpc.inference.InferenceAPIsService``."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+
+    @unary
+    async def Ping(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802 - the RPC's name
+        """``/ping``'s answer as TorchServe's gRPC Ping sends it: the JSON in ``health``, always OK."""
+        await self.served.authorize(context, "ping")
+        payload: dict[str, Any] = {"status": "Healthy" if await self.served.healthy() else "Unhealthy"}
+        if self.served.readiness.failed:
+            payload["failedModels"] = dict(self.served.readiness.failed)
+        return HealthResponse(health=json.dumps(payload, indent=2))
+
+    @unary
+    async def Predictions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        await self.served.authorize(context, "inference")
+        result = await self.infer(request, context, None)
+        send_timing(context, result)
+        return PredictionResponse(prediction=result.body)
+
+    @streaming
+    async def StreamPredictions(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
+        """Each intermediate answer the handler sends, then its final one; the request runs in a batch of its own."""
+        await self.served.authorize(context, "inference")
+        partials: asyncio.Queue[InferResult] = asyncio.Queue()
+        task = asyncio.ensure_future(self.infer(request, context, partials.put_nowait))
+        try:
+            while not task.done():
+                getter = asyncio.ensure_future(partials.get())
+                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                yield self._partial(getter.result())
+            while not partials.empty():
+                yield self._partial(partials.get_nowait())
+            final = task.result()
+            send_timing(context, final)
+            yield PredictionResponse(prediction=final.body)
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def StreamPredictions2(  # noqa: N802
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        await self.served.authorize(context, "inference")
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "StreamPredictions2 (stateful sequences) is not supported by servetune; use Predictions or "
+            "StreamPredictions",
+        )
+        yield  # pragma: no cover - an async generator, for gRPC's streaming handler
+
+    def _partial(self, result: InferResult) -> Any:
+        if result.status >= 300:
+            raise answer_error(result)
+        return PredictionResponse(prediction=result.body)
+
+    async def infer(
+        self, request: Any, context: grpc.aio.ServicerContext, on_partial: Callable[[InferResult], None] | None
+    ) -> InferResult:
+        """One ``PredictionsRequest`` through the backend, as REST ``/predictions`` runs it: its ``input`` map as
+        the form's fields; the handler's error answer raised as ApiError."""
+        served = self.served
+        name, version = request.model_name, version_or_none(request.model_version)
+        if not name:
+            raise ApiError.bad_request("Parameter model_name is required.")
+        start = time.perf_counter()
+        job = infer_request(context, [Input(k, None, v) for k, v in request.input.items()], on_partial=on_partial)
+        try:
+            result = await served.backend.infer(name, version, job)
+        except ApiError as exc:
+            if exc.status == 404 and served.readiness.starting:
+                exc = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+            served.observe(name, version, None, exc.status, start)
+            raise exc from None
+        served.observe(name, version, result, result.status, start)
+        if result.status >= 300:
+            raise answer_error(result)
+        if len(result.body) > served.config.max_response_size:
+            raise ApiError.response_too_large(len(result.body), served.config.max_response_size)
+        return result
+
+
+class TorchServeManagement:
+    """``org.pytorch.serve.grpc.management.ManagementAPIsService``, through :class:`Management`."""
+
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.management = served.management
+
+    def _model_api(self) -> None:
+        """Register and unregister need ``enable_model_api``; TorchServe's gRPC answer (PERMISSION_DENIED)."""
+        if not self.served.config.enable_model_api:
+            raise ApiError("Model API disabled", 403, "ModelException")
+
+    @unary
+    async def DescribeModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        await self.served.authorize(context, "management")
+        described = await self.management.describe(
+            request.model_name, version_or_none(request.model_version), bool(request.customized)
+        )
+        return ManagementResponse(msg=json.dumps(described, indent=2))
+
+    @unary
+    async def ListModels(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        await self.served.authorize(context, "management")
+        params = {"limit": str(request.limit), "next_page_token": str(request.next_page_token)}
+        return ManagementResponse(msg=json.dumps(self.management.list_models(params), indent=2))
+
+    @unary
+    async def RegisterModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        """The REST register, with TorchServe's gRPC reading of the fields: 0 and "" are "not given"."""
+        await self.served.authorize(context, "management")
+        self._model_api()
+        raw: dict[str, str] = {"synchronous": "true" if request.synchronous else "false"}
+        for key in ("url", "model_name", "handler", "runtime"):
+            if getattr(request, key):
+                raw[key] = getattr(request, key)
+        for key in ("batch_size", "max_batch_delay", "initial_workers", "response_timeout", "startup_timeout"):
+            if getattr(request, key) > 0:
+                raw[key] = str(getattr(request, key))
+        params = p.register_params(raw, self.served.config.max_workers_per_model)
+        _, message = await self.management.register(params)
+        return ManagementResponse(msg=message)
+
+    @unary
+    async def ScaleWorker(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        """``PUT /models/{name}[/{version}]?min_worker=&max_worker=&synchronous=``; ``min_worker`` 0 means 1 and
+        ``max_worker`` 0 means ``min_worker``, as TorchServe reads the message."""
+        await self.served.authorize(context, "management")
+        name, version = request.model_name, version_or_none(request.model_version)
+        self.management.versions(name, version)
+        low = request.min_worker if request.min_worker > 0 else 1
+        high = request.max_worker if request.max_worker > 0 else low
+        workers = p.scale_params(
+            {"min_worker": str(low), "max_worker": str(high)}, self.served.config.max_workers_per_model
+        )
+        _, message = await self.management.scale(name, version, workers, bool(request.synchronous), SCALE_WAIT_S)
+        return ManagementResponse(msg=message)
+
+    @unary
+    async def SetDefault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        await self.served.authorize(context, "management")
+        return ManagementResponse(msg=await self.management.set_default(request.model_name, request.model_version))
+
+    @unary
+    async def UnregisterModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        await self.served.authorize(context, "management")
+        self._model_api()
+        if not request.model_name:
+            raise ApiError.bad_request("Parameter model_name is required.")
+        message = await self.management.unregister(request.model_name, version_or_none(request.model_version))
+        return ManagementResponse(msg=message)
+
+
+__all__ = ["TorchServeInference", "TorchServeManagement", "answer_error"]

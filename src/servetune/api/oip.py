@@ -1,0 +1,91 @@
+"""The Open Inference Protocol (KServe v2) over any transport: an OIP request becomes one :class:`InferRequest` (one
+item of the model's dynamic batch, as a TorchServe request is), the worker's answer becomes an OIP response or error.
+
+REST (``servetune.api.oip_rest``) and gRPC both use these: parse the transport's request into a
+:class:`~servetune.tensors.InferenceRequest`, :func:`infer_request` -> ``Backend.infer`` -> :func:`infer_response`
+(or send the worker's REST body as it is). To the worker the request is the binary extension's body with every input
+in binary (``x-servetune-protocol: oip-v2``, ``Inference-Header-Content-Length``); the worker's envelope
+(``servetune.handlers.envelopes``) answers the REST body the request asks for (``binary_data_output`` in the request
+parameters: every output in binary, what gRPC wants for ``raw_output_contents``).
+
+Errors: ``{"error": message}`` with KServe's statuses: 400 invalid input, 404 unknown model or version, 503 not ready
+(no worker, a full queue; ``Retry-After``), 500 an inference error (the handler failed), 501 not implemented (an
+explain the handler lacks), 413 a body over ``max_request_size``, 504 a handler over its ``responseTimeout``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from servetune._exceptions import ApiError
+from servetune.api.types import InferRequest, InferResult, Input
+from servetune.handlers.envelopes import OIP_V2, PROTOCOL_HEADER
+from servetune.tensors import (
+    HEADER_LENGTH,
+    InferenceRequest,
+    InferenceResponse,
+    TensorError,
+    encode_request,
+    parse_header_length,
+    parse_response,
+)
+
+KEEP_STATUS_TYPES = ("ServiceUnavailableException", "RequestTimeoutException")  # the server's state, not the handler's
+_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", PROTOCOL_HEADER, HEADER_LENGTH.lower())
+
+
+def infer_request(
+    request: InferenceRequest,
+    request_id: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    arrival: float | None = None,
+    is_disconnected: Callable[[], bool] | None = None,
+    all_binary: bool = False,
+    explain: bool = False,
+) -> InferRequest:
+    """The request a backend batches for ``request`` (``headers``: the transport's, passed to the handler).
+    ``all_binary``: answer every output in binary (gRPC)."""
+    if all_binary:
+        request = replace(request, parameters={**request.parameters, "binary_data_output": True})
+    body, header_length = encode_request(request, binary=True)
+    sent = {k: v for k, v in (headers or {}).items() if k.lower() not in _DROPPED_HEADERS}
+    sent[PROTOCOL_HEADER] = OIP_V2
+    sent[HEADER_LENGTH.lower()] = str(header_length if header_length is not None else len(body))
+    sent["explain"] = "True" if explain else "False"
+    inputs = [Input("body", "application/octet-stream", body)]
+    return InferRequest(request_id, sent, inputs, time.monotonic() if arrival is None else arrival, is_disconnected)
+
+
+def answer_error(result: InferResult) -> ApiError:
+    """A worker's error answer (TorchServe's ``{"code", "type", "message"}``) as the protocol's error: the handler's
+    4xx and 501 kept, the server's 503/504 kept, any other failure a 500 inference error."""
+    try:
+        answer = json.loads(result.body)
+        message, kind = str(answer["message"]), str(answer.get("type", ""))
+    except (ValueError, KeyError, TypeError):
+        message, kind = result.body.decode("utf-8", "replace")[:500] or "Prediction failed", ""
+    status = result.status
+    if status >= 500 and status != 501 and kind not in KEEP_STATUS_TYPES:
+        status = 500
+    return ApiError(message, status, kind or "InternalServerException", dict(result.headers))
+
+
+def infer_response(result: InferResult) -> InferenceResponse:
+    """The OIP response in a worker's answer; raises ApiError for an error answer."""
+    if result.status != 200:
+        raise answer_error(result)
+    try:
+        return parse_response(result.body, parse_header_length(result.headers.get(HEADER_LENGTH)))
+    except TensorError as exc:
+        raise ApiError.internal(f"the worker's answer is not an OIP response: {exc}") from None
+
+
+def error_payload(error: ApiError) -> dict[str, str]:
+    return {"error": error.message}
+
+
+__all__ = ["KEEP_STATUS_TYPES", "answer_error", "error_payload", "infer_request", "infer_response"]

@@ -1,0 +1,164 @@
+"""The Open Inference Protocol v2 over REST, on the inference port (KServe's ``/v2`` API), for every backend.
+
+``GET /v2/health/live``, ``/v2/health/ready`` (the server's readiness, as ``/ping``: 503 while not ready), ``/v2``
+(server metadata), ``/v2/models`` (KServe's list), ``/v2/models/{name}[/versions/{version}]`` (model metadata),
+``.../ready`` (503 when not ready), ``POST .../infer`` (and ``.../explain``, as TorchServe routes it). Inference
+bodies are JSON or the binary tensor data extension (``Inference-Header-Content-Length``); gzip/deflate request
+bodies are accepted. Errors: ``{"error": message}`` (``servetune.api.oip``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from servetune import __version__
+from servetune._exceptions import ApiError
+from servetune.api.answers import CLIENT_GONE, observe, result_response, run_watched
+from servetune.api.body import read_body
+from servetune.api.http import json_response, kserve_error_response
+from servetune.api.metrics import ApiMetrics
+from servetune.api.oip import answer_error, infer_request
+from servetune.api.types import InferenceBackend, Readiness
+from servetune.config.server import ServerConfig
+from servetune.tensors import HEADER_LENGTH, TensorError, parse_header_length, parse_request
+
+SERVER_NAME = "servetune"
+EXTENSIONS = ("binary_tensor_data",)
+
+Authorize = Callable[[Request, bool], None]
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """A gzip or deflate request body (tritonclient's ``request_compression_algorithm``), within ``limit``."""
+    encoding = (encoding or "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ApiError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate)", 415, "BadRequestException")
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | (16 if encoding == "gzip" else 0))
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ApiError.bad_request(f"the {encoding} body cannot be decompressed ({exc})") from None
+    if len(out) > limit:
+        raise ApiError.too_large(limit)
+    return out
+
+
+async def read_inference_request(request: Request, limit: int) -> tuple[bytes, int | None]:
+    """The (decompressed) body and the JSON part's length."""
+    body = decompress(await read_body(request, limit), request.headers.get("content-encoding"), limit)
+    try:
+        return body, parse_header_length(request.headers.get(HEADER_LENGTH))
+    except TensorError as exc:
+        raise ApiError.bad_request(str(exc)) from None
+
+
+def oip_routes(
+    backend: InferenceBackend,
+    config: ServerConfig,
+    metrics: ApiMetrics | None,
+    readiness: Readiness,
+    authorize: Authorize,
+) -> list[BaseRoute]:
+    def failed(error: ApiError, name: str | None = None) -> Response:
+        if error.status == 404 and readiness.starting and name is not None:
+            error = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+        if metrics is not None:
+            metrics.observe_status(error.status)
+        return kserve_error_response(error)
+
+    async def live(request: Request) -> Response:
+        authorize(request, True)
+        return json_response({"live": True})
+
+    async def server_ready(request: Request) -> Response:
+        authorize(request, True)
+        ready = not readiness.starting and not readiness.failed and await backend.healthy()
+        return json_response({"ready": ready}, 200 if ready else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        authorize(request, True)
+        return json_response({"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)})
+
+    async def models(request: Request) -> Response:
+        authorize(request, True)
+        return json_response({"models": sorted({m.name for m in backend.models()})})
+
+    def target(request: Request) -> tuple[str, str | None]:
+        return request.path_params["model"], request.path_params.get("version")
+
+    async def model_metadata(request: Request) -> Response:
+        authorize(request, True)
+        name, version = target(request)
+        try:
+            return json_response((await backend.metadata(name, version)).to_json())
+        except ApiError as exc:
+            return failed(exc, name)
+
+    async def model_ready(request: Request) -> Response:
+        authorize(request, True)
+        name, version = target(request)
+        try:
+            ready = await backend.ready(name, version)
+        except ApiError as exc:
+            return failed(exc, name)
+        return json_response({"name": name, "ready": ready}, 200 if ready else 503)
+
+    async def run(request: Request, explain: bool) -> Response:
+        authorize(request, False)
+        received = time.perf_counter()
+        name, version = target(request)
+        request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+        try:
+            body, header_length = await read_inference_request(request, config.max_request_size)
+            try:
+                parsed = parse_request(body, header_length)
+            except TensorError as exc:
+                hint = "" if header_length is not None else f" (binary data needs the {HEADER_LENGTH} header)"
+                raise ApiError.bad_request(f"{exc}{hint if 'JSON' in str(exc) else ''}") from None
+            job = infer_request(parsed, request_id, dict(request.headers), explain=explain)
+            result = await run_watched(backend, request, name, version, job)
+        except ApiError as exc:
+            return failed(exc, name)
+        except asyncio.CancelledError:
+            return Response(b"", CLIENT_GONE)
+        observe(metrics, name, version, result, received)
+        if result.status != 200:
+            return kserve_error_response(answer_error(result))
+        response = result_response(result, request_id, config.max_response_size)
+        if response.status_code != 200:
+            return kserve_error_response(ApiError(f"Response of {len(result.body)} bytes is too large", 507))
+        return response
+
+    async def infer(request: Request) -> Response:
+        return await run(request, explain=False)
+
+    async def explain(request: Request) -> Response:
+        return await run(request, explain=True)
+
+    routes: list[BaseRoute] = [
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", server_ready, methods=["GET"]),
+        Route("/v2", server_metadata, methods=["GET"]),
+        Route("/v2/models", models, methods=["GET"]),
+    ]
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        routes += [
+            Route(prefix, model_metadata, methods=["GET"]),
+            Route(f"{prefix}/ready", model_ready, methods=["GET"]),
+            Route(f"{prefix}/infer", infer, methods=["POST"]),
+            Route(f"{prefix}/explain", explain, methods=["POST"]),
+        ]
+    return routes
+
+
+__all__ = ["EXTENSIONS", "SERVER_NAME", "decompress", "oip_routes", "read_inference_request"]

@@ -1,0 +1,63 @@
+"""Run by test_grpc_triton.py inside the tritonclient venv (scripts/client_venv): Triton's own gRPC client against a
+servetune OIP gRPC service. Prints one JSON object of what it saw.
+
+    python triton_grpc_client.py HOST:PORT MODEL
+"""
+
+import json
+import sys
+
+import numpy as np
+import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+
+def main(url: str, model: str) -> dict:
+    client = triton.InferenceServerClient(url)
+    seen = {
+        "live": client.is_server_live(),
+        "ready": client.is_server_ready(),
+        "model_ready": client.is_model_ready(model),
+        "server": client.get_server_metadata(as_json=True),
+        "metadata": client.get_model_metadata(model, as_json=True),
+    }
+    # raw contents: what InferInput.set_data_from_numpy always sends
+    x = triton.InferInput("x", [2, 3], "FP32")
+    x.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    result = client.infer(model, [x], request_id="t1", outputs=[triton.InferRequestedOutput("y")])
+    seen["raw"] = {"y": result.as_numpy("y").tolist(), "id": result.get_response().id}
+    text = triton.InferInput("x", [2], "BYTES")
+    text.set_data_from_numpy(np.array([b"hello", b"world"], dtype=np.object_))
+    seen["bytes"] = [b.decode() for b in client.infer(model, [text]).as_numpy("y").tolist()]
+    # typed contents, with Triton's own generated messages and stub
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(client._channel)
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="x", datatype="INT64", shape=[3])
+    tensor.contents.int64_contents.extend([1, 2, 3])
+    typed = stub.ModelInfer(request, timeout=60)
+    seen["typed"] = {"y": list(typed.outputs[0].contents.int64_contents), "raw": len(typed.raw_output_contents)}
+    errors = {}
+    for name, call in {
+        "unknown_model": lambda: client.infer("nope", [x]),
+        "wrong_shape": lambda: _wrong_shape(client, model),
+    }.items():
+        try:
+            call()
+            errors[name] = "OK"
+        except InferenceServerException as exc:
+            errors[name] = exc.status()
+    seen["errors"] = errors
+    return seen
+
+
+def _wrong_shape(client, model):
+    """Raw contents that do not fill the declared shape (6 floats declared, 4 sent)."""
+    x = triton.InferInput("x", [6], "FP32")
+    x.set_data_from_numpy(np.zeros(6, np.float32))
+    x._raw_content = np.zeros(4, np.float32).tobytes()
+    return client.infer(model, [x])
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2])))
