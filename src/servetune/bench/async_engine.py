@@ -49,7 +49,9 @@ class AsyncEngine:
     name = "async"
 
     async def run(self, spec: BenchSpec, payloads: Sequence[Payload], hooks: RunHooks) -> Recording:
-        sender: Sender = PipelineSender(spec, payloads) if spec.stages else RequestSender(spec, payloads)
+        sender: PipelineSender | RequestSender = (
+            PipelineSender(spec, payloads) if spec.stages else RequestSender(spec, payloads)
+        )
         try:
             if spec.mode == "closed":
                 rec = await self._closed(spec, sender, hooks)

@@ -23,11 +23,11 @@ Sent = tuple[int, float, float, int, tuple[StageCall, ...]]
 
 
 class Sender(Protocol):
+    """What the engine's loops call; whoever made a sender closes it."""
+
     warnings: list[str]  # said once in the result, e.g. a pipeline hook that raised
 
     async def send(self, i: int) -> Sent: ...
-
-    def close(self) -> None: ...
 
 
 class RequestSender:
