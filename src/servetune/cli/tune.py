@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     metavar="HOST:PORT",
     help="With backend ray: a running Ray cluster's head (or auto). [default: the study's, else a private local one]",
 )
+@click.option(
+    "--protocol",
+    type=click.Choice(["torchserve", "kserve-v1", "v2-json", "v2-binary", "v2-grpc", "torchserve-grpc"]),
+    help="How trials call the model, as its real callers will: TorchServe's API, KServe v1, OIP v2 (JSON, binary, "
+    "gRPC) or TorchServe's gRPC. [default: the study's load.protocol, else torchserve]",
+)
 @click.option("--url", help="Tune this running server (its inference address) instead of starting one.")
 @click.option("--management-url", help="With --url: the management address. [default: inference port + 1]")
 @click.option(
@@ -55,6 +61,7 @@ def command(
     strategy: str | None,
     backend: str | None,
     ray_address: str | None,
+    protocol: str | None,
     url: str | None,
     management_url: str | None,
     metrics_url: str | None,
@@ -82,6 +89,7 @@ def command(
         strategy=strategy,
         backend=backend,
         address=ray_address,
+        protocol=protocol,
     )
     out = out or study_file.with_name(f"{study_file.stem}-tune")
     remote = Remote(url, management_url, metrics_url, key_file) if url else None

@@ -23,6 +23,7 @@ FINGERPRINT_VERSION = 1
 UNMEASURED = ("budget", "notes", "source", "backend_address", "references")  # references add trials, change none
 # field -> default, for fields that came after version 1
 LATER_STUDY: dict[str, Any] = {"backend": "native", "options": {}, "models": (), "pipeline": (), "mix": ()}
+LATER_LOAD: dict[str, Any] = {"protocol": "torchserve"}
 LATER_FAMILY: dict[str, Any] = {
     "options": {}, "model": "", "threads": (0,), "inter_op_threads": (0,), "pinning": (False,),
 }  # fmt: skip
@@ -35,8 +36,10 @@ def fingerprint(study: Study) -> str:
     _flatten(data, LATER_STUDY)
     for model in data.get("models", ()):
         _flatten(model["baseline_family"], LATER_FAMILY)
+        _flatten(model["baseline_family"]["load"], LATER_LOAD)
     for family in (*data["families"], data["baseline_family"]):
         _flatten(family, LATER_FAMILY)
+        _flatten(family["load"], LATER_LOAD)
     payload = json.dumps([FINGERPRINT_VERSION, data, digests(study)], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

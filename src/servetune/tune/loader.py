@@ -22,7 +22,7 @@ from servetune.tune import targets
 from servetune.tune.forms import app as app_form
 from servetune.tune.forms import servetune as servetune_form
 from servetune.tune.forms import torchserve as torchserve_form
-from servetune.tune.study import Study
+from servetune.tune.study import Family, Study
 
 
 def host_devices() -> set[str]:
@@ -91,6 +91,7 @@ def override(
     strategy: str | None = None,
     backend: str | None = None,
     address: str | None = None,
+    protocol: str | None = None,
 ) -> Study:
     """The study with command-line overrides applied (CLI > file), validated again. ``address`` is the backend's
     address (``--ray-address``); another backend than the file's drops the file's address."""
@@ -102,6 +103,8 @@ def override(
         study = dataclasses.replace(study, backend_address=address)
     if sla_p99_ms is not None:
         study = dataclasses.replace(study, sla=dataclasses.replace(study.sla, p99_ms=sla_p99_ms))
+    if protocol is not None:
+        study = with_protocol(study, protocol)
     if budget_s is not None:
         study = dataclasses.replace(study, budget=dataclasses.replace(study.budget, seconds=budget_s))
     if strategy is not None:
@@ -114,9 +117,29 @@ def override(
     return study
 
 
+def with_protocol(study: Study, protocol: str) -> Study:
+    """Every family's load over ``protocol`` (``--protocol``)."""
+    from servetune.tune.forms.servetune import parse_protocol
+
+    def moved(family: Family) -> Family:
+        load = dataclasses.replace(family.load, protocol=parse_protocol("--protocol", protocol, family.load.engine))
+        return dataclasses.replace(family, load=load)
+
+    models = tuple(dataclasses.replace(m, baseline_family=moved(m.baseline_family)) for m in study.models)
+    return dataclasses.replace(
+        study, families=tuple(moved(f) for f in study.families), baseline_family=moved(study.baseline_family),
+        models=models,
+    )  # fmt: skip
+
+
 def validate(study: Study) -> None:
     """Checks that span sections (each section checks itself as it is read), then the backend's own."""
     targets.check(study)
+    if study.pipeline and study.families[0].load.protocol != "torchserve":
+        raise ConfigError(
+            f"load.protocol={study.families[0].load.protocol!r}: a pipeline calls its models through TorchServe's "
+            "API (/predictions); expected torchserve"
+        )
     no_sla = study.sla.empty and all(m.sla.empty for m in study.models)
     if any(f.load.mode == "capacity" for f in study.families) and no_sla:
         raise ConfigError("load=capacity needs a latency SLA (sla.p99_ms, p95_ms or mean_ms, or --sla-p99)")

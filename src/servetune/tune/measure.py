@@ -16,7 +16,9 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from servetune._exceptions import ConfigError
 from servetune.bench import BenchResult, BenchSpec, LatencySummary, run_bench, run_together
+from servetune.tune.protocols import PROTOCOLS
 from servetune.tune.study import Family, Load, Point, Study
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ class Measurer:
         else:
             config = point.parts[0]
             first = study.family(config.family)
-            url = f"{self.target.inference_url}/predictions/{study.model}"
+            url = self.url(study.model)
             labels = {
                 "model": study.model,
                 "batch_size": str(config.batch_size),
@@ -77,12 +79,26 @@ class Measurer:
             warmup_requests=load.warmup_requests,
             warmup_seconds=0.0 if load.warmup_requests else load.warmup_s,
             timeout=load.timeout_s,
-            engine=load.engine if rate is None and not study.is_app else "async",
+            engine=self.engine(rate),
             metrics_url=self.target.metrics_url,
             labels=labels,
             stages=study.pipeline,
             hook_dir=study.source.parent if study.source is not None else None,
         )
+
+    def url(self, model: str) -> str:
+        """Where ``model``'s requests go, by the load's protocol."""
+        url = PROTOCOLS[self.load.protocol].url(self.target.inference_url, self.target.grpc_url, model)
+        if url is None:
+            raise ConfigError(f"load.protocol={self.load.protocol!r}: this server has no gRPC inference port")
+        return url
+
+    def engine(self, rate: float | None) -> str:
+        """The protocol's engine; for TorchServe's API the load's (ab closed loop only; a pipeline: async)."""
+        own = PROTOCOLS[self.load.protocol].engine
+        if own is not None:
+            return own
+        return self.load.engine if rate is None and not self.study.pipeline else "async"
 
     def _family(self, point: Point, model: str) -> Family:
         index = self.study.model_names.index(model)
@@ -97,7 +113,7 @@ class Measurer:
             family = self.study.family(part.family)
             spec = dataclasses.replace(
                 self._spec(point, concurrency=1),
-                url=f"{self.target.inference_url}/predictions/{name}",
+                url=self.url(name),
                 input=family.input,
                 content_type=family.content_type,
                 form_field=family.form_field,

@@ -89,6 +89,7 @@ class Load:
     steps: int = 4
     engine: str = "async"
     timeout_s: float = 60.0
+    protocol: str = "torchserve"  # how requests reach the model (``protocols.PROTOCOLS``)
 
     def clients(self, workers: int, batch_size: int) -> int:
         if self.concurrency is not None:

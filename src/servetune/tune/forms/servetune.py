@@ -42,6 +42,7 @@ SPACE_KEYS = (
 )  # fmt: skip
 LOAD_KEYS = (
     "mode", "concurrency", "factor", "requests", "duration", "warmup", "arrival", "steps", "engine", "timeout",
+    "protocol",
 )  # fmt: skip
 # config.properties keys the tuner sets itself for the embedded server
 RESERVED_SERVER_KEYS = (
@@ -297,7 +298,19 @@ def parse_load(value: Any) -> Load:
         changes["engine"] = parse_engine("load.engine", load["engine"], mode)
     if "timeout" in load:
         changes["timeout_s"] = v.duration("load.timeout", load["timeout"])
+    if "protocol" in load:
+        changes["protocol"] = parse_protocol("load.protocol", load["protocol"], changes.get("engine", "async"))
     return Load(**changes)
+
+
+def parse_protocol(where: str, value: Any, engine: str) -> str:
+    from servetune.tune.protocols import DEFAULT, PROTOCOLS
+
+    if value not in PROTOCOLS:
+        raise v.fail(where, value, f"one of {', '.join(PROTOCOLS)}")
+    if engine == "ab" and value != DEFAULT:
+        raise ConfigError(f"{where}={value!r}: Apache Bench (load.engine ab) speaks TorchServe's API only")
+    return str(value)
 
 
 def parse_engine(where: str, value: Any, mode: str) -> str:

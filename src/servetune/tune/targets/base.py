@@ -13,6 +13,7 @@ from servetune.tune.study import Family, Study
 
 class Target(Protocol):
     inference_url: str
+    grpc_url: str | None  # the gRPC inference port as http://HOST:PORT, when the server has one
     metrics_url: str | None
     inference_headers: dict[str, str]
     management: ManagementClient

@@ -40,6 +40,7 @@ class EmbeddedTarget:
         self._urls: dict[str, str] = {}
         self.server: EmbeddedServer | None = None
         self.inference_url = ""
+        self.grpc_url: str | None = None
         self.metrics_url: str | None = None  # servetune answers with timing headers: no /metrics scraping
         self.inference_headers: dict[str, str] = {}
         self.management = ManagementClient("http://127.0.0.1:1")
@@ -57,6 +58,8 @@ class EmbeddedTarget:
     def attach(self, server: EmbeddedServer) -> None:
         self.server = server
         self.inference_url = server.inference_url
+        grpc = server.urls.get("grpc_inference")
+        self.grpc_url = None if grpc is None else "http://" + grpc.removeprefix("grpc://")
         self.inference_headers = server.auth_headers("inference")
         self.management = ManagementClient(server.management_url, server.auth_headers("management"))
 

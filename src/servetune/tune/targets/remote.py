@@ -33,6 +33,7 @@ class RemoteTarget:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"--url={url!r}: expected the inference address, http://HOST:PORT")
         self.inference_url = url.rstrip("/")
+        self.grpc_url: str | None = None  # --url tunes over HTTP
         port = parts.port or (443 if parts.scheme == "https" else 80)
         default_management = f"{parts.scheme}://{parts.hostname}:{port + 1}"
         # servetune answers with per-request timing headers; TorchServe needs its metrics API for the breakdown
