@@ -10,9 +10,10 @@ Three spaces of more than 100 configs:
   --resnet-sla ms;
 - ``pipeline``: an app of two known-cost models called one after the other (A: 60 ms + 10 ms x batch, B: 30 ms +
   10 ms x batch), sharing 2 slots (the host's cores), 4 workers x 4 batch sizes each = 256 joint configs, closed
-  loop with enough clients to fill every batch of both, SLA P99 <= 500 ms end to end.
+  loop with enough clients to fill every batch of both, SLA P99 <= 600 ms end to end (at 500 ms the grid's best sat
+  on the line: 499 and 501 ms in its two runs, 506 and 601 ms in adaptive's, a coin flip for either search).
 
-    python benchmarks/tune_adaptive_vs_grid.py [--spaces cost,resnet18,pipeline] [--duration 2] [--out DIR]
+    python benchmarks/tune_adaptive_vs_grid.py [--spaces cost,resnet18,pipeline] [--duration 2] [--quick] [--out DIR]
 
 Prints, per space: the grid's best config and objective, the adaptive search's, the ratio of their objectives
 (target >= 0.98), the grid's own measurement of the adaptive winner against its best, and the ratio of wall times
@@ -89,7 +90,7 @@ def pipeline_study(folder: Path, duration: float) -> dict[str, Any]:
             "b": {"archive": str(folder / "store" / "b.mar"), "space": space},
         },
         "pipeline": ["a", "b"],
-        "sla": {"p99_ms": 500},
+        "sla": {"p99_ms": 600},
         "load": {"duration": f"{duration}s", "warmup": "0.5s"},
     }
 
@@ -142,9 +143,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spaces", default="cost,resnet18,pipeline", help="comma-separated: cost, resnet18, pipeline")
     parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per load run")
+    parser.add_argument("--quick", action="store_true", help="1 s load runs (noisier; about half the time)")
     parser.add_argument("--resnet-sla", type=float, default=250.0, help="P99 SLA (ms) for resnet18")
     parser.add_argument("--out", type=Path, help="keep the study folders here (default: a temporary folder)")
     args = parser.parse_args()
+    if args.quick:
+        args.duration = 1.0
     console = Console(stderr=True)
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C, so the embedded server is stopped too
     with tempfile.TemporaryDirectory(prefix="servetune-tune-bench-") as tmp:
