@@ -88,7 +88,9 @@ def _scatter(analysis: Analysis, study: Study, figure: Figure) -> Any:
                 drawstyle="steps-post", label="Pareto front")  # fmt: skip
     if study.sla.p99_ms is not None:
         ax.axvline(study.sla.p99_ms, color="red", lw=1.5, label=f"SLA: P99 {study.sla.p99_ms:g} ms")
-    for summary, text in ((analysis.winner, "winner"), (analysis.baseline, "default")):
+    marked = [(analysis.winner, "winner"), (analysis.baseline, "default"), *((s, f"reference: {label}")
+              for label, s in analysis.references)]  # fmt: skip
+    for summary, text in marked:
         if summary is not None and summary.figures is not None:
             ax.annotate(text, (summary.latency("p99_ms"), summary.throughput_rps), textcoords="offset points",
                         xytext=(6, 6), fontsize=9, weight="bold")  # fmt: skip
