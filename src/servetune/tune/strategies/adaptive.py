@@ -1,8 +1,10 @@
 """``adaptive``: ladders, then a hill climb, pruning what cannot win, then a re-measure of the top candidates.
 
 1. From the default config (1 worker, batch 1) of the first family, raise the batch size while the score rises,
-   then the workers at the best batch size while it rises ("more workers stop when throughput stops rising");
-   a ladder stops after two steps in a row that do not rise, or one that misses the SLA.
+   then the workers at the best batch size while it rises ("more workers stop when throughput stops rising"), then
+   the threads when they are searched; a ladder stops after two steps in a row that do not rise, or one that misses
+   the SLA. An app walks instead from its default config to the first neighbour that beats it (the most promising
+   first: see ``_bottleneck_climb``), and stops where none does.
 2. Measure every other family (optimization x device) at the best knobs so far.
 3. Climb: measure the unmeasured neighbours of the best config (one step on each knob, the two anti-diagonals,
    the other families); move to the best; stop when no neighbour beats it by more than noise (``RISE``). Before a
@@ -13,7 +15,8 @@
 
 Pruned without measuring: a larger batch at the same family, workers and delay as a config whose median request
 already missed a latency limit (a tail miss may be noise, so it is measured; when the load makes the rule a sure
-thing, see ``Load.batch_monotone``), and configs of a family whose workers could not be started.
+thing, see ``Load.batch_monotone``), configs of a family whose workers could not be started, and what the server's
+own timing says cannot win (``bounds.py``: the fitted batch curves, the host's parallelism, full batches).
 
 The score of a config is its objective when it meets the SLA and minus its relative miss otherwise, so the same
 walk finds the closest config when none meets the SLA.
