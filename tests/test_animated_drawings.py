@@ -349,9 +349,9 @@ def test_warp_region_keeps_the_crop_centred_at_three_to_four(example: dict[str, 
 
 
 def test_the_studies_are_valid_and_hold_the_published_space(store: Path, tmp_path: Path) -> None:
-    from servetune.tune import load_study
+    from servetune.tune import load_study, override
 
-    for name in ("quick.yaml", "case_study.yaml", "case_study_torchserve.yaml"):
+    for name in ("quick.yaml", "case_study.yaml", "case_study_torchserve.yaml", "app.yaml"):
         (tmp_path / name).write_text((EXAMPLE / name).read_text())
     (tmp_path / "model_store").symlink_to(store)
     (tmp_path / "drawings").mkdir()
@@ -362,6 +362,12 @@ def test_the_studies_are_valid_and_hold_the_published_space(store: Path, tmp_pat
     assert [f.label for f in quick.families] == ["eager/cpu"] and quick.sla.p99_ms == 1000
     assert quick.families[0].model_config["detector"]["min_size"] == 256 and quick.families[0].form_field == "data"
     assert quick.budget.seconds is not None and quick.budget.seconds <= 7 * 60
+
+    app = load_study(tmp_path / "app.yaml", devices={"cpu"})
+    assert app.model_names == (DETECTOR, POSE) and [s.request for s in app.pipeline] == ["input", "crop_top_box"]
+    assert app.size == 384 and app.sla.p99_ms is not None and app.budget.seconds is not None
+    [(_, reference)] = app.references
+    assert [(p.workers, p.batch_size) for p in reference.parts] == [(2, 1), (1, 1)]
 
     published = load_study(tmp_path / "case_study.yaml", devices={"cpu", "cuda"})
     assert sorted(f.label for f in published.families) == ["eager/cpu", "eager/cuda", "fp16/cpu", "fp16/cuda"]
@@ -377,7 +383,7 @@ def test_the_studies_are_valid_and_hold_the_published_space(store: Path, tmp_pat
     assert sorted(f.label for f in torchserve.families) == ["eager_mode/cpu", "eager_mode/cuda", "fp16_mode/cuda"]
     load = torchserve.families[0].load
     assert (load.concurrency, load.requests, load.warmup_requests) == (10, 1000, 100)
-    assert torchserve.with_overrides(sla_p99_ms=100).sla.p99_ms == 100
+    assert override(torchserve, sla_p99_ms=100).sla.p99_ms == 100
 
 
 # -- the synthetic drawings --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import yaml
 
 from servetune.config.properties import read_properties
 from servetune.embedded import EmbeddedServer
-from servetune.tune import Config, Remote, TuneResult, load_study, tune
+from servetune.tune import Config, Remote, TuneResult, load_study, override, tune
 from tune_models import best_by_hand, cost_archive, expected_closed_loop
 
 A_MS, B_MS, SLOTS, SLA_MS = 100.0, 20.0, 2, 300.0
@@ -181,7 +181,7 @@ def test_torchserve_case_study_yaml_runs(tmp_path: Path, model: Path) -> None:
     }
     path = tmp_path / "cost.yaml"
     path.write_text(yaml.safe_dump(case_study))
-    result = tune(load_study(path).with_overrides(sla_p99_ms=SLA_MS, strategy="grid"), tmp_path / "o")
+    result = tune(override(load_study(path), sla_p99_ms=SLA_MS, strategy="grid"), tmp_path / "o")
     assert {t.config for t in result.trials} == {Config("eager_mode/cpu", 1, 1, 50), Config("eager_mode/cpu", 1, 4, 50)}
     rows = (tmp_path / "o" / "trials.csv").read_text().splitlines()
     assert all(row.startswith("AB,0,") for row in rows[1:])  # measured with Apache Bench, no failed request

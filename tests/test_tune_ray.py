@@ -158,10 +158,10 @@ def test_without_an_address_the_trials_run_on_a_private_local_instance(tmp_path:
     assert [t.config.key for t in result.trials] == ["eager/cpu/q2|w1|b1|d20", "eager/cpu/q1|w1|b2|d20",
                                                      "eager/cpu/q2|w1|b2|d20"]  # fmt: skip
     assert "server: Ray Serve (a local Ray instance)" in (tmp_path / "out" / "report.md").read_text()
-    assert result.deployment is not None and result.deployment.ray_serve_config is not None
+    assert result.deployment is not None and "ray-serve-config.yaml" in result.deployment.files
     assert result.analysis.winner is not None
-    held = result.study.family(result.analysis.winner.config.family).ongoing_batches
-    written = yaml.safe_load(result.deployment.ray_serve_config.read_text())
+    held = result.study.family(result.analysis.winner.config.family).options["ongoing_batches"]
+    written = yaml.safe_load(result.deployment.files["ray-serve-config.yaml"].read_text())
     [app] = [a for a in written["applications"] if a["name"] == "cost"]
     assert held in (1, 2) and app["deployments"][0]["max_ongoing_requests"] == 2 * held  # batch 2 x batches held
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from servetune.bench.report import TORCHSERVE_COLUMNS
 from servetune.tune.analysis import analyse, pareto_front
 from servetune.tune.checkpoint import Checkpoint
-from servetune.tune.plots import write_plots
+from servetune.tune.plots import figures, fits, number, write_plots
 from servetune.tune.report import headline, markdown, write_trials_csv
 from servetune.tune.study import Config
 from servetune.tune.trial import Trial
@@ -97,3 +97,38 @@ def test_checkpoint_round_trip_resume_and_fresh_start(tmp_path: Path) -> None:
     assert not path.exists() and len(list(tmp_path.glob("trials.*.stale.jsonl"))) == 1
     header = json.loads((next(tmp_path.glob("*.stale.jsonl"))).read_text().splitlines()[0])
     assert header["fingerprint"] == "abc"
+
+
+def test_plots_are_legible_at_their_size() -> None:
+    """Every title and axis label (the colour bar's too) lies inside its figure, and cells keep three significant
+    digits: 3.5 and 2.6 req/s do not both print "3"."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    def figure(size: tuple[float, float]) -> tuple[object, object]:
+        fig = Figure(figsize=size, layout="constrained")
+        FigureCanvasAgg(fig)
+        return fig, fig.add_subplot()
+
+    s = study(family(workers=(1, 2), batch=(1,), delays=(10,)), strategy="grid", remeasure=0)
+    analysis = analyse(s, drive(s, lambda c: (3.5 if c.workers == 1 else 2.6, 100.0)))
+    plots = dict(figures(analysis, s, figure))  # type: ignore[arg-type]
+    for name, fig in plots.items():
+        assert fits(fig) == [], name
+    cells = [t.get_text() for t in plots["heatmap-eager-cpu.png"].axes[0].texts]
+    assert sorted(cells) == ["2.60", "3.50"]
+    assert [number(v) for v in (3.5, 47.23, 120.4, 0.0123)] == ["3.50", "47.2", "120", "0.0123"]
+
+
+def test_workers_that_did_not_take_the_config_are_named() -> None:
+    from servetune.tune.runner import placement_problems
+
+    config = Config("eager/cpu", 2, 1, 10, threads=1, pinning=True)
+    good = ({"numThreads": 1, "cpuCores": [0]}, {"numThreads": 1, "cpuCores": [1]})
+    assert placement_problems(config, good) == ""
+    assert "numThreads=['2'] (asked 1)" in placement_problems(config, ({"numThreads": 2, "cpuCores": [0]},))
+    assert "cpuCores overlap" in placement_problems(config, ({"numThreads": 1, "cpuCores": [0]},) * 2)
+    old_server = ({"pid": 1},)  # a server that reports neither: it cannot be checked, and says why
+    assert "numThreads not reported" in placement_problems(config, old_server)
+    assert "does not support cpuPinning" in placement_problems(config, old_server)
+    assert placement_problems(Config("eager/cpu", 1, 1, 10), old_server) == ""  # nothing asked, nothing to check

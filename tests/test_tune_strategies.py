@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from servetune.tune.analysis import analyse
 from servetune.tune.space import Space
+from servetune.tune.strategies.bounds import Curve
 from servetune.tune.study import Config, Load
 from servetune.tune.trial import judge
+from tune_models import expected_closed_loop
 from tune_synthetic import Model, best_by_hand, cost_model, drive, family, study
 
 
@@ -153,7 +157,6 @@ def test_one_flat_step_does_not_end_a_ladder() -> None:
     assert [t.config.workers for t in drive(s, flat)] == [1, 2, 3]
 
 
-
 def plateau(lucky: dict[Config, float] | None = None) -> Model:
     """1 worker serves 20 req/s, 2 workers 40 whatever else; 3 workers no more; ``lucky`` configs' first run gains
     the given fraction."""
@@ -200,3 +203,48 @@ def test_after_a_move_steps_that_lost_before_are_not_tried_again() -> None:
     from_best = [t.config for t in trials if t.reason == f"neighbour of {best.key}"]
     assert from_best == [Config("eager/cpu", 3, 2, 100)]
     assert len({t.config for t in trials}) <= len(Space(s)) // 2
+
+
+# -- bounds learned from the server's timing headers --------------------------------------------------------
+
+A_MS, B_MS, SLOTS = 100.0, 20.0, 2
+
+
+def known_cost(config: Config) -> tuple[float, float]:
+    """The known-cost model in closed loop (batches fill; the delay never expires, so it changes nothing)."""
+    return expected_closed_loop(A_MS, B_MS, SLOTS, config.workers, config.batch_size)
+
+
+def handler_time(config: Config) -> float:
+    """What the server reports as the handler's time per batch: the model's cost, and, with more workers than
+    slots, the wait for a slot (it happens inside the handler)."""
+    rounds = -(-config.workers // min(config.workers, SLOTS))
+    return (A_MS + B_MS * config.batch_size) * rounds
+
+
+def test_the_batch_curve_is_a_line_through_the_fastest_batches() -> None:
+    curve = Curve()
+    for batch, handler in ((1, 120.0), (2, 140.0), (2, 190.0), (4, 180.0)):  # 190: a batch that waited for a core
+        curve.add(batch, handler)
+    assert curve.predict(8) == pytest.approx(A_MS + B_MS * 8) and curve.predict(16) == pytest.approx(420.0)
+    single = Curve()
+    single.add(1, 120.0)
+    assert single.predict(4) is None  # one size says nothing about the slope
+
+
+def test_bounds_from_the_timing_headers_skip_what_cannot_win() -> None:
+    s = study(family(delays=(5, 10, 25, 50)), remeasure=3)  # 144 configs
+    assert len(Space(s)) == 144
+    expected = best_by_hand(s, known_cost)
+    with_headers = drive(s, known_cost, handler=handler_time)
+    without = drive(s, known_cost)
+    winner = analyse(s, with_headers).winner
+    assert winner is not None and (winner.config.workers, winner.config.batch_size) == (2, 8)
+    assert winner.throughput_rps == pytest.approx(known_cost(expected)[0])
+    measured = {t.config for t in with_headers}
+    # by the batch curve (100 + 20 b ms, fitted from batches 1-8 at one worker): batch 16 takes 420 ms, over the
+    # 300 ms SLA with any workers; 2 x batch 4 serve at most 44 req/s against 61.5; 1 x batch 16 at most 38
+    assert not {c for c in measured if c.batch_size >= 16 or (c.workers, c.batch_size) in ((2, 4), (3, 4))}
+    # the batches were full: the delay never expired, so no other delay is measured
+    assert {c.batch_delay_ms for c in measured} == {25}
+    assert len(measured) <= 7 < len({t.config for t in without})

@@ -2,73 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from ray_cluster import run_cli_without_ray
 from servetune._exceptions import ConfigError
-from servetune.tune import load_study
+from servetune.tune import load_study, override
 from servetune.tune._values import duration
 from servetune.tune.study import Study
-
-# The Animated Drawings case study's auto-benchmark config, as TorchServe users write it.
-CASE_STUDY = """
-drawn_humanoid_detector:
-    eager_mode:
-        benchmark_engine: "ab"
-        url: "file://{archive}"
-        workers:
-            - 1
-            - 4
-        batch_delay: 100
-        batch_size:
-            - 1
-            - 2
-            - 4
-            - 8
-        requests: 10000
-        concurrency: 10
-        input: "{input}"
-        backend_profiling: False
-        exec_env: "local"
-        processors:
-            - "cpu"
-            - "gpus": "all"
-"""
+from tune_studies import CASE_STUDY, native, refused, study_files, write
 
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
-    (tmp_path / "model.mar").write_bytes(b"PK\x05\x06" + b"\0" * 18)
-    (tmp_path / "input.png").write_bytes(b"\x89PNG")
-    return tmp_path
-
-
-def write(folder: Path, data: Any, name: str = "study.yaml") -> Path:
-    path = folder / name
-    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
-    return path
-
-
-def native(**changes: Any) -> dict[str, Any]:
-    study: dict[str, Any] = {
-        "archive": "model.mar",
-        "input": "input.png",
-        "sla": {"p99_ms": 100},
-        "space": {"workers": [1, 2], "batch_size": [1, 4], "batch_delay_ms": [10]},
-    }
-    study.update(changes)
-    return study
-
-
-def refused(folder: Path, data: Any, pattern: str, devices: set[str] | None = None) -> None:
-    with pytest.raises(ConfigError, match=pattern):
-        load_study(write(folder, data), devices=devices or {"cpu"})
+    return study_files(tmp_path)
 
 
 def test_native_study_is_read_with_defaults(files: Path) -> None:
@@ -123,7 +72,11 @@ def test_cuda_is_skipped_with_a_note_when_the_host_has_none(files: Path) -> None
     ("change", "pattern"),
     [
         ({"slo": {"p99_ms": 1}}, r"^slo: unknown key; expected one of model, archive"),
-        ({"space": {"workers": [1], "threads": [2]}}, r"^space\.threads: unknown key"),
+        ({"space": {"workers": [1], "cores": [2]}}, r"^space\.cores: unknown key"),
+        ({"space": {"threads": ["auto", -1]}}, r"^space\.threads\[1\]=-1: expected a whole number >= 0"),
+        ({"space": {"pinning": [True, "maybe"]}}, r"^space\.pinning\[1\]='maybe': expected true or false"),
+        ({"space": {"threads": [1, 2]}, "model_config": {"numThreads": 1}},
+         r"^space\.threads and model_config\.numThreads: set one"),
         ({"space": {"workers": [1, 0]}}, r"^space\.workers\[1\]=0: expected a whole number >= 1"),
         ({"space": {"batch_size": "8"}}, r"^space\.batch_size\[0\]='8': expected a whole number"),
         ({"space": {"optimizations": ["eager", "turbo"]}}, r"^space\.optimizations\[1\]='turbo': .*unknown"),
@@ -170,7 +123,7 @@ def test_case_study_yaml_is_accepted_unchanged(files: Path) -> None:
     assert load.warmup_requests == 1000  # TorchServe warms up with a tenth of the requests
     assert load.engine == "ab"  # Apache Bench, as TorchServe runs it (ab is installed here)
     assert study.sla.empty  # the form has none: --sla-p99 adds it
-    with_sla = study.with_overrides(sla_p99_ms=100)
+    with_sla = override(study, sla_p99_ms=100)
     assert with_sla.sla.p99_ms == 100 and with_sla.fingerprint() != study.fingerprint()
 
 
@@ -242,9 +195,9 @@ def test_fingerprint_follows_what_changes_measurements(files: Path) -> None:
 
 def test_overrides_are_validated(files: Path) -> None:
     study: Study = load_study(write(files, native()), devices={"cpu"})
-    assert study.with_overrides(budget_s=60, strategy="grid").strategy.name == "grid"
+    assert override(study, budget_s=60, strategy="grid").strategy.name == "grid"
     with pytest.raises(ConfigError, match=re.escape("strategy='best': expected one of adaptive, grid")):
-        study.with_overrides(strategy="best")
+        override(study, strategy="best")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("20m", 1200), ("1h30m", 5400), (2.5, 2.5)])
@@ -257,103 +210,3 @@ def test_unreadable_study_files(tmp_path: Path) -> None:
         load_study(tmp_path / "none.yaml", devices={"cpu"})
     refused(tmp_path, "a: [", r"invalid YAML")
     refused(tmp_path, "- 1\n", r"expected a mapping at the top level")
-
-
-HAS_RAY = importlib.util.find_spec("ray") is not None
-
-
-def test_the_backend_is_native_unless_the_study_or_the_command_line_says_ray(files: Path) -> None:
-    study = load_study(write(files, native()), devices={"cpu"})
-    assert (study.backend, study.ray_address) == ("native", None)
-    if not HAS_RAY:
-        pytest.skip("Ray is not installed")
-    on_ray = load_study(write(files, native(backend="ray", ray_address="10.0.0.5:6379")), devices={"cpu"})
-    assert (on_ray.backend, on_ray.ray_address) == ("ray", "10.0.0.5:6379")
-    assert on_ray.fingerprint() != study.fingerprint()  # another server measures differently
-    # the cluster's address is not part of it: a study resumes on a restarted head
-    assert on_ray.with_overrides(ray_address="head:6380").fingerprint() == on_ray.fingerprint()
-    overridden = study.with_overrides(backend="ray", ray_address="auto")
-    assert (overridden.backend, overridden.ray_address) == ("ray", "auto")
-    assert on_ray.with_overrides(backend="native", ray_address=None).backend == "native"
-
-
-@pytest.mark.parametrize(
-    ("change", "pattern"),
-    [
-        ({"backend": "k8s"}, r"^backend='k8s': expected native or ray$"),
-        ({"backend": 3}, r"^backend=3: expected native or ray$"),
-        ({"backend": "ray", "ray_address": "head"}, r"^ray_address='head': expected HOST:PORT"),
-        ({"backend": "ray", "ray_address": "head:99999"}, r"^ray_address='head:99999': expected HOST:PORT"),
-        ({"backend": "ray", "ray_address": "ray://head:10001"}, r"^ray_address='ray://head:10001': expected"),
-        ({"ray_address": "head:6379"}, r"^ray_address='head:6379': only used with backend ray"),
-        ({"backend": "ray", "server": {"inference_token_authorization": True}}, r"^server: inference_token_auth"),
-    ],
-)
-def test_invalid_backends_name_the_key_and_value(files: Path, change: dict[str, Any], pattern: str) -> None:
-    if change.get("backend") == "ray" and "server" in change and not HAS_RAY:
-        pytest.skip("Ray is not installed")
-    refused(files, native(**change), pattern)
-
-
-def test_command_line_backend_overrides_are_validated(files: Path) -> None:
-    study = load_study(write(files, native()), devices={"cpu"})
-    with pytest.raises(ConfigError, match=r"^ray_address='head:6379': only used with backend ray"):
-        study.with_overrides(ray_address="head:6379")
-    text = CASE_STUDY.format(archive=files / "model.mar", input=files / "input.png")
-    case_study = load_study(write(files, text), devices={"cpu"})
-    with pytest.raises(ConfigError, match=r"^backend='ray': TorchServe's auto-benchmark form runs on the native"):
-        case_study.with_overrides(backend="ray")
-
-
-def test_without_ray_a_ray_study_says_how_to_install_it(files: Path) -> None:
-    path = write(files, native())
-    done = run_cli_without_ray(["tune", str(path), "--backend", "ray", "--out", str(files / "out")])
-    assert done.returncode == 2, done.stderr
-    assert "pip install 'servetune[ray]'" in done.stderr
-    assert not (files / "out").exists()  # refused before any trial
-
-
-def test_on_ray_the_batches_a_replica_holds_are_searched_unless_the_study_sets_them(files: Path) -> None:
-    if not HAS_RAY:
-        pytest.skip("Ray is not installed")
-    from servetune.tune.archives import trial_model_config
-
-    study = load_study(write(files, native(backend="ray")), devices={"cpu"})
-    assert [f.label for f in study.families] == ["eager/cpu"]  # as written; the tuner expands it
-    searched = study.for_backend()
-    assert [(f.label, f.ongoing_batches) for f in searched.families] == [("eager/cpu/q1", 1), ("eager/cpu/q2", 2)]
-    assert searched.size == 2 * study.size and searched.for_backend() == searched
-    assert searched.baseline.family == "eager/cpu/q2"  # the default deployment: the server's default, 2
-    assert trial_model_config({}, searched.families[0])["rayOngoingBatches"] == 1
-    assert searched.fingerprint() != study.fingerprint()
-    on_native = study.with_overrides(backend="native")  # the knob does not exist there
-    assert on_native.for_backend() is on_native
-
-    listed = load_study(write(files, native(backend="ray", space={**native()["space"], "ray_ongoing_batches": 4})),
-                        devices={"cpu"}).for_backend()  # fmt: skip
-    assert [f.label for f in listed.families] == ["eager/cpu/q4"]
-    assert listed.baseline.family == "eager/cpu" and listed.baseline_family.ongoing_batches is None
-    pinned = load_study(write(files, native(backend="ray", model_config={"rayOngoingBatches": 1})), devices={"cpu"})
-    assert pinned.for_backend() == pinned
-
-    ignored = load_study(write(files, native(space={**native()["space"], "ray_ongoing_batches": [1, 2]})),
-                         devices={"cpu"}).for_backend()  # fmt: skip
-    assert [f.label for f in ignored.families] == ["eager/cpu"]
-    assert any("space.ray_ongoing_batches ignored" in note for note in ignored.notes)
-
-
-@pytest.mark.parametrize(
-    ("space", "model_config", "pattern"),
-    [
-        ({"ray_ongoing_batches": [0, 1]}, {}, r"^space.ray_ongoing_batches\[0\]=0: expected"),
-        ({"ray_ongoing_batches": [1, 65]}, {}, r"^space.ray_ongoing_batches=\[1, 65\]: expected whole numbers 1..64$"),
-        ({"ray_ongoing_batches": [1]}, {"rayOngoingBatches": 2}, r"^space.ray_ongoing_batches and model_config.ray"),
-    ],
-)
-def test_invalid_ray_queue_depths_are_refused(
-    files: Path, space: dict[str, Any], model_config: dict[str, Any], pattern: str
-) -> None:
-    changes: dict[str, Any] = {"space": {**native()["space"], **space}}
-    if model_config:
-        changes["model_config"] = model_config
-    refused(files, native(**changes), pattern)

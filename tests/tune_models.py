@@ -88,3 +88,16 @@ def best_by_hand(
             if latency <= sla_ms - 30:
                 feasible.append((throughput, Config("eager/cpu", w, b, 50)))
     return max(feasible)[1]
+
+
+def pipeline_by_hand(costs_ms: dict[str, float], workers: dict[str, int], slots: int) -> tuple[float, float]:
+    """(pipelines/s, mean latency ms) of models called one after the other, batch 1, in closed loop with one
+    client per worker, every call holding one of ``slots`` slots shared by all the models (the cores they share).
+
+    The app is held back by whichever binds first: a model's workers (``workers / cost`` calls/s) or the slots
+    (``slots / sum of costs``: each pipeline keeps a slot busy for the sum of its calls). Little's law gives the
+    latency: clients / throughput."""
+    per_model = min(workers[m] * 1000.0 / cost for m, cost in costs_ms.items())
+    shared = slots * 1000.0 / sum(costs_ms.values())
+    throughput = min(per_model, shared)
+    return throughput, sum(workers.values()) / throughput * 1000.0

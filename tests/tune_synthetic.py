@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from servetune.bench.result import BenchResult, ClientUsage, LatencySummary
+from servetune.bench.result import BenchResult, ClientUsage, Distribution, LatencySummary, ServerBreakdown
 from servetune.tune.space import Space
 from servetune.tune.strategies import Proposal, load_strategy
 from servetune.tune.study import Config, Family, Load, Sla, StrategySpec, Study
@@ -28,7 +28,10 @@ def result(
     errors: int = 0,
     sent: int = 1000,
     config: Config | None = None,
+    handler_ms: float | None = None,
 ) -> BenchResult:
+    """A made-up load run; ``handler_ms``: the server's handler time per batch (full batches), as its timing
+    headers would report it."""
     c = config or Config("eager/cpu", 1, 1, 10)
     labels = {"model": "m", "batch_size": str(c.batch_size), "batch_delay": str(c.batch_delay_ms),
               "workers": str(c.workers)}  # fmt: skip
@@ -40,7 +43,10 @@ def result(
         engine="async", url="http://127.0.0.1:1/predictions/m", mode="closed", concurrency=1, rate=None,
         arrival=None, started_at="2026-01-01T00:00:00+00:00", duration_s=sent / throughput, sent=sent,
         succeeded=sent - errors, errors={"503": errors} if errors else {}, throughput_rps=throughput,
-        latency=latency, server=None, client=ClientUsage(0.1, 1.0, 10.0),
+        latency=latency, client=ClientUsage(0.1, 1.0, 10.0),
+        server=None if handler_ms is None else ServerBreakdown(
+            "headers", sent - errors, handler=Distribution(handler_ms), batch_size_mean=float(c.batch_size)
+        ),
         labels=labels,
     )  # fmt: skip
 
@@ -73,8 +79,15 @@ def study(*families: Family, p99_ms: float | None = 300, strategy: str = "adapti
     )
 
 
-def drive(the_study: Study, model: Model, *, noise: Callable[[int], float] = lambda i: 1.0) -> list[Trial]:
-    """Run the study's strategy against ``model`` the way the loop does: the default config first, then proposals."""
+def drive(
+    the_study: Study,
+    model: Model,
+    *,
+    noise: Callable[[int], float] = lambda i: 1.0,
+    handler: Callable[[Config], float] | None = None,
+) -> list[Trial]:
+    """Run the study's strategy against ``model`` the way the loop does: the default config first, then proposals.
+    ``handler``: the server's handler time per batch of a config, when its timing headers should be reported."""
     strategy = load_strategy(the_study.strategy.name)(Space(the_study), the_study)
     trials: list[Trial] = []
     proposal: Proposal | None = Proposal(the_study.baseline, 0, "default")
@@ -85,7 +98,9 @@ def drive(the_study: Study, model: Model, *, noise: Callable[[int], float] = lam
             trial = Trial(index, proposal.config, proposal.repeat, "error", error="HTTP 500: workers failed to start")
         else:
             throughput, p99, *p50 = measured
-            measurement = result(throughput * noise(index), p99, p50=p50[0] if p50 else None, config=proposal.config)
+            own = None if handler is None else handler(proposal.config)
+            measurement = result(throughput * noise(index), p99, p50=p50[0] if p50 else None, config=proposal.config,
+                                 handler_ms=own)  # fmt: skip
             trial = Trial(index, proposal.config, proposal.repeat, "ok", measurement, reason=proposal.reason)
         trials.append(trial)
         strategy.observe(trial)

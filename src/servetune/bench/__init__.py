@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from servetune.bench.engines import ENGINES, Engine, RunHooks, get_engine
 from servetune.bench.result import BenchResult, ClientUsage, Distribution, LatencySummary, ServerBreakdown
-from servetune.bench.runner import run_bench, run_bench_async
-from servetune.bench.spec import BenchSpec, parse_warmup
+from servetune.bench.runner import run_bench, run_bench_async, run_together
+from servetune.bench.spec import BenchSpec, StageSpec, parse_stages, parse_warmup
 
 __all__ = [
     "ENGINES",
@@ -21,8 +21,11 @@ __all__ = [
     "LatencySummary",
     "RunHooks",
     "ServerBreakdown",
+    "StageSpec",
     "get_engine",
+    "parse_stages",
     "parse_warmup",
     "run_bench",
     "run_bench_async",
+    "run_together",
 ]

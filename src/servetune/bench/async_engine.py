@@ -20,16 +20,13 @@ import time
 from collections.abc import Iterator, Sequence
 
 from servetune.bench.engines import RunHooks
-from servetune.bench.http11 import Http11Pool, encode_request
 from servetune.bench.payload import Payload
-from servetune.bench.recording import CONNECTION, LATE_MS, TIMEOUT, Recording
+from servetune.bench.pipeline import PipelineSender
+from servetune.bench.recording import LATE_MS, Recording
+from servetune.bench.sender import RequestSender, Sender
 from servetune.bench.spec import BenchSpec
 
-QUEUE_HEADER = "x-servetune-queue-ms"
-HANDLER_HEADER = "x-servetune-handler-ms"
-BATCH_HEADER = "x-servetune-batch-size"
 _EARLY_MIN, _EARLY_MAX = 0.001, 0.005
-_NAN = math.nan
 
 
 def arrivals(rate: float, arrival: str, seed: int = 0) -> Iterator[float]:
@@ -46,57 +43,26 @@ def arrivals(rate: float, arrival: str, seed: int = 0) -> Iterator[float]:
         offset += rng.expovariate(rate)
 
 
-def _number(value: str | None) -> float:
-    try:
-        return float(value) if value is not None else _NAN
-    except ValueError:
-        return _NAN
-
-
-class _Sender:
-    """Sends request ``i`` (payloads cycled) and returns (status, queue ms, handler ms, batch size)."""
-
-    def __init__(self, pool: Http11Pool, spec: BenchSpec, payloads: Sequence[Payload]) -> None:
-        self.pool = pool
-        method = spec.method.upper()
-        self.requests = []
-        for payload in payloads:
-            headers = list(spec.headers)
-            if payload.content_type and method != "GET":
-                if not any(name.lower() == "content-type" for name, _ in headers):
-                    headers.append(("Content-Type", payload.content_type))
-            body = None if method == "GET" else payload.body
-            self.requests.append(encode_request(method, spec.url, headers, body))
-
-    async def send(self, i: int) -> tuple[int, float, float, int]:
-        try:
-            status, headers = await self.pool.request(self.requests[i % len(self.requests)])
-        except (TimeoutError, asyncio.TimeoutError):
-            return TIMEOUT, _NAN, _NAN, 0
-        except OSError:
-            return CONNECTION, _NAN, _NAN, 0
-        batch = _number(headers.get(BATCH_HEADER))
-        size = 0 if math.isnan(batch) else int(batch)
-        return status, _number(headers.get(QUEUE_HEADER)), _number(headers.get(HANDLER_HEADER)), size
-
-
 class AsyncEngine:
     """The default engine (``--engine async``)."""
 
     name = "async"
 
     async def run(self, spec: BenchSpec, payloads: Sequence[Payload], hooks: RunHooks) -> Recording:
-        limit = spec.clients if spec.mode == "closed" else spec.max_connections
-        pool = Http11Pool(spec.url, limit, spec.timeout)
-        sender = _Sender(pool, spec, payloads)
+        sender: PipelineSender | RequestSender = (
+            PipelineSender(spec, payloads) if spec.stages else RequestSender(spec, payloads)
+        )
         try:
             if spec.mode == "closed":
-                return await self._closed(spec, sender, hooks)
-            return await self._open(spec, sender, hooks)
+                rec = await self._closed(spec, sender, hooks)
+            else:
+                rec = await self._open(spec, sender, hooks)
         finally:
-            pool.close()
+            sender.close()
+        rec.warnings += sender.warnings
+        return rec
 
-    async def _closed(self, spec: BenchSpec, sender: _Sender, hooks: RunHooks) -> Recording:
+    async def _closed(self, spec: BenchSpec, sender: Sender, hooks: RunHooks) -> Recording:
         issued = 0
         if spec.warmup_requests or spec.warmup_seconds:
             hooks.progress.set_phase("warm-up")
@@ -113,7 +79,7 @@ class AsyncEngine:
     async def _closed_phase(
         self,
         clients: int,
-        sender: _Sender,
+        sender: Sender,
         hooks: RunHooks,
         rec: Recording | None,
         requests: int | None,
@@ -136,14 +102,14 @@ class AsyncEngine:
                 i = issued
                 issued += 1
                 start = clock()
-                status, queue, handler, batch = await sender.send(i)
+                status, queue, handler, batch, calls = await sender.send(i)
                 end = clock()
                 last_end = max(last_end, end)
                 progress.done += 1
                 if not 200 <= status < 300:
                     progress.failed += 1
                 if rec is not None:
-                    rec.add(start - t0, (end - start) * 1e3, status, queue, handler, batch)
+                    rec.add(start - t0, (end - start) * 1e3, status, queue, handler, batch, calls)
 
         await asyncio.gather(*(client() for _ in range(clients)))
         if rec is not None:
@@ -152,7 +118,7 @@ class AsyncEngine:
             rec.peak_in_flight = clients
         return issued
 
-    async def _open(self, spec: BenchSpec, sender: _Sender, hooks: RunHooks) -> Recording:
+    async def _open(self, spec: BenchSpec, sender: Sender, hooks: RunHooks) -> Recording:
         assert spec.rate is not None
         rec = Recording()
         progress = hooks.progress
@@ -179,7 +145,7 @@ class AsyncEngine:
                 if late > late_s:
                     rec.late_sends += 1
                     rec.max_late_ms = max(rec.max_late_ms, late * 1e3)
-            status, queue, handler, batch = await sender.send(i)
+            status, queue, handler, batch, calls = await sender.send(i)
             end = clock()
             in_flight -= 1
             progress.done += 1
@@ -187,7 +153,8 @@ class AsyncEngine:
                 progress.failed += 1
             if measured:
                 last_end = max(last_end, end)
-                rec.add(intended - m0, (end - min(intended, start)) * 1e3, status, queue, handler, batch)
+                calls = tuple((c[0], c[1] + start - intended, *c[2:]) for c in calls)  # from the intended start
+                rec.add(intended - m0, (end - min(intended, start)) * 1e3, status, queue, handler, batch, calls)
 
         for i, offset in enumerate(arrivals(spec.rate, spec.arrival, spec.seed)):
             intended = t0 + offset

@@ -27,10 +27,11 @@ from urllib.parse import urlsplit
 import grpc
 
 from servetune._exceptions import BenchError
-from servetune.bench.async_engine import AsyncEngine, _Sender
+from servetune.bench.async_engine import AsyncEngine
 from servetune.bench.engines import RunHooks
 from servetune.bench.payload import Payload
 from servetune.bench.recording import CONNECTION, TIMEOUT, Recording
+from servetune.bench.sender import Sent
 from servetune.bench.spec import BenchSpec
 from servetune.protos import BATCH_SIZE, CONTENTS_FIELDS, HANDLER_MS, OIP, QUEUE_MS, TORCHSERVE_INFERENCE, methods
 
@@ -107,8 +108,8 @@ def _number(value: Any) -> float:
         return _NAN
 
 
-class _GrpcSender(_Sender):
-    """Sends request ``i`` over one of a few channels; returns (status, queue ms, handler ms, batch size)."""
+class _GrpcSender:
+    """Sends request ``i`` over one of a few channels; returns (status, queue ms, handler ms, batch size, ())."""
 
     def __init__(self, spec: BenchSpec, payloads: Sequence[Payload], concurrency: int) -> None:
         parts = urlsplit(spec.url)
@@ -121,8 +122,9 @@ class _GrpcSender(_Sender):
         self.calls = [channel.unary_unary(path) for channel in self.channels]
         self.metadata = tuple((k.lower(), v) for k, v in spec.headers if k.lower() != "content-type")
         self.timeout = spec.timeout
+        self.warnings: list[str] = []
 
-    async def send(self, i: int) -> tuple[int, float, float, int]:
+    async def send(self, i: int) -> Sent:
         call = self.calls[i % len(self.calls)](
             self.bodies[i % len(self.bodies)], timeout=self.timeout, metadata=self.metadata or None
         )
@@ -132,13 +134,13 @@ class _GrpcSender(_Sender):
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return TIMEOUT, _NAN, _NAN, 0
+                return TIMEOUT, _NAN, _NAN, 0, ()
             if code == grpc.StatusCode.UNAVAILABLE and "connect" in (exc.details() or "").lower():
-                return CONNECTION, _NAN, _NAN, 0
-            return _STATUS.get(code, 500), _NAN, _NAN, 0
+                return CONNECTION, _NAN, _NAN, 0, ()
+            return _STATUS.get(code, 500), _NAN, _NAN, 0, ()
         batch = _number(trailing.get(BATCH_SIZE))
         size = 0 if math.isnan(batch) else int(batch)
-        return 200, _number(trailing.get(QUEUE_MS)), _number(trailing.get(HANDLER_MS)), size
+        return 200, _number(trailing.get(QUEUE_MS)), _number(trailing.get(HANDLER_MS)), size, ()
 
     async def close(self) -> None:
         for channel in self.channels:

@@ -7,7 +7,8 @@ between ~40% and ~10% of sends leaving late (benchmarks/bench_ceiling.py). aioht
 one-off calls (/metrics, the management API).
 
 What it does: HTTP/1.1 over TCP (or TLS for https), requests encoded once before the run, responses framed by
-Content-Length, chunked encoding or connection close (bodies are read and dropped), ``Connection: close``
+Content-Length, chunked encoding or connection close (bodies are read and dropped, or kept for a pool made with
+``keep_body``: a pipeline's next request is made from the answer), ``Connection: close``
 honoured, one retry when a reused keep-alive connection turns out to have been closed by the server before it
 answered. What it does not: redirects (a 3xx is a status like any other), proxies, pipelining, compression.
 """
@@ -21,6 +22,7 @@ from urllib.parse import urlsplit
 
 _MAX_HEAD = 1 << 16
 Headers = dict[str, str]
+_Answer = tuple[int, Headers, bool, bytes]  # status, headers, keep-alive, body (empty unless kept)
 
 
 def encode_request(method: str, url: str, headers: list[tuple[str, str]], body: bytes | None) -> bytes:
@@ -40,12 +42,13 @@ def encode_request(method: str, url: str, headers: list[tuple[str, str]], body: 
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; answers one request at a time (no pipelining)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_body: bool = False) -> None:
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.waiter: asyncio.Future[tuple[int, Headers, bool]] | None = None
+        self.waiter: asyncio.Future[_Answer] | None = None
         self.closed = False
         self.received = False
+        self.keep_body = keep_body
         self._reset()
 
     def _reset(self) -> None:
@@ -53,12 +56,20 @@ class _Connection(asyncio.Protocol):
         self.headers: Headers = {}
         self.remaining = -1  # body bytes still to come; -1: headers not read yet
         self.chunked = False
+        self.chunk_data = 0  # in a chunk: its data bytes still to come (``remaining`` counts its CRLF too)
         self.until_close = False
+        self.body = bytearray()
+
+    def _take(self, n: int) -> None:
+        """Consume ``n`` body bytes from the buffer (kept when the pool asked for bodies)."""
+        if self.keep_body:
+            self.body += self.buffer[:n]
+        del self.buffer[:n]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, Headers, bool]]:
+    def send(self, data: bytes) -> asyncio.Future[_Answer]:
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
         self.received = False
@@ -88,7 +99,7 @@ class _Connection(asyncio.Protocol):
         self.waiter = None
 
     def _done(self, keep_alive: bool) -> None:
-        result = (self.status, self.headers, keep_alive and not self.closed)
+        result = (self.status, self.headers, keep_alive and not self.closed, bytes(self.body))
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(result)
         self.waiter = None
@@ -118,12 +129,12 @@ class _Connection(asyncio.Protocol):
                 self._chunk()
                 return
             if self.until_close:
-                del buf[:]
+                self._take(len(buf))
                 self.remaining = 0
                 return
             if len(buf) < self.remaining:
                 return
-            del buf[: self.remaining]
+            self._take(self.remaining)
             self._done(keep_alive=self.headers.get("connection", "").lower() != "close")
             return
 
@@ -143,7 +154,10 @@ class _Connection(asyncio.Protocol):
         while True:
             if self.remaining > 0:  # inside a chunk (its data and CRLF)
                 take = min(self.remaining, len(buf))
-                del buf[:take]
+                data = min(take, self.chunk_data)
+                self._take(data)
+                del buf[: take - data]
+                self.chunk_data -= data
                 self.remaining -= take
                 if self.remaining:
                     return
@@ -158,25 +172,32 @@ class _Connection(asyncio.Protocol):
                 self._done(keep_alive=self.headers.get("connection", "").lower() != "close")
                 return
             del buf[: end + 2]
-            self.remaining = size + 2
+            self.remaining, self.chunk_data = size + 2, size
 
 
 class Http11Pool:
     """Keep-alive connections to one origin, at most ``limit`` open; requests beyond wait for a free one."""
 
-    def __init__(self, url: str, limit: int, timeout: float) -> None:
+    def __init__(self, url: str, limit: int, timeout: float, *, keep_body: bool = False) -> None:
         parts = urlsplit(url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self.limit = limit
         self.timeout = timeout
+        self.keep_body = keep_body
         self.open = 0
         self.idle: list[_Connection] = []
         self.waiters: deque[asyncio.Future[None]] = deque()
 
     async def request(self, data: bytes) -> tuple[int, Headers]:
         """Send one encoded request; return (status, lower-cased headers). Raises TimeoutError or OSError."""
+        status, headers, _ = await self.exchange(data)
+        return status, headers
+
+    async def exchange(self, data: bytes) -> tuple[int, Headers, bytes]:
+        """Send one encoded request; return (status, lower-cased headers, body: empty unless the pool keeps
+        bodies). Raises TimeoutError or OSError."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         for attempt in (0, 1):
@@ -184,7 +205,7 @@ class Http11Pool:
             waiter = conn.send(data)
             timer = loop.call_at(deadline, _expire, waiter)
             try:
-                status, headers, keep_alive = await waiter
+                status, headers, keep_alive, body = await waiter
             except ConnectionError:
                 self._release(conn, False)
                 if reused and not conn.received and attempt == 0:
@@ -196,7 +217,7 @@ class Http11Pool:
             finally:
                 timer.cancel()
             self._release(conn, keep_alive)
-            return status, headers
+            return status, headers, body
         raise AssertionError("unreachable")
 
     async def _acquire(self, deadline: float) -> tuple[_Connection, bool]:
@@ -211,7 +232,7 @@ class Http11Pool:
                 self.open += 1
                 try:
                     _, conn = await asyncio.wait_for(
-                        loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl),
+                        loop.create_connection(lambda: _Connection(self.keep_body), self.host, self.port, ssl=self.ssl),
                         max(0.0, deadline - loop.time()),
                     )
                 except BaseException:
@@ -249,6 +270,6 @@ class Http11Pool:
         self.idle.clear()
 
 
-def _expire(waiter: asyncio.Future[tuple[int, Headers, bool]]) -> None:
+def _expire(waiter: asyncio.Future[_Answer]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError("no response before the timeout"))

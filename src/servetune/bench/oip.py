@@ -16,11 +16,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from servetune._exceptions import BenchError
-from servetune.bench.async_engine import AsyncEngine, _Sender
+from servetune.bench.async_engine import AsyncEngine
 from servetune.bench.engines import RunHooks
 from servetune.bench.http11 import Http11Pool, encode_request
 from servetune.bench.payload import Payload
 from servetune.bench.recording import Recording
+from servetune.bench.sender import RequestSender
 from servetune.bench.spec import BenchSpec
 from servetune.tensors import (
     HEADER_LENGTH,
@@ -62,9 +63,10 @@ def oip_body(payload: Payload, binary: bool) -> tuple[bytes, list[tuple[str, str
     return body, [("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(header_length))]
 
 
-class _OipSender(_Sender):
+class _OipSender(RequestSender):
     def __init__(self, pool: Http11Pool, spec: BenchSpec, payloads: Sequence[Payload], binary: bool) -> None:
         self.pool = pool
+        self.warnings: list[str] = []
         self.requests = []
         given = [(k, v) for k, v in spec.headers if k.lower() not in ("content-type", HEADER_LENGTH.lower())]
         for payload in payloads:

@@ -5,6 +5,7 @@ Engines only record; every figure is computed here, once, so the built-in engine
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,8 +20,13 @@ from servetune.bench.stats import as_sorted, percentile, quantile_ci
 # Status codes for requests that got no HTTP answer; engines that cannot tell statuses apart record UNKNOWN.
 TIMEOUT = -1
 CONNECTION = -2
+HOOK = -3  # a pipeline's hook failed to make the next request
 UNKNOWN = 0
-_FAILURE_NAMES = {TIMEOUT: "timeout", CONNECTION: "connection"}
+_FAILURE_NAMES = {TIMEOUT: "timeout", CONNECTION: "connection", HOOK: "hook"}
+
+# One call of a pipeline stage: (stage, start s after the pipeline's start, latency ms, status, queue ms, handler ms,
+# batch size)
+StageCall = tuple[str, float, float, int, float, float, int]
 
 # Open loop: a send later than this after its intended time is late; more than LATE_LIMIT of them -> unreliable.
 LATE_MS = 1.0
@@ -34,6 +40,7 @@ class Recording:
     ``start_s`` is the (intended) send time relative to the start of measurement; ``status`` is the HTTP status,
     ``UNKNOWN`` or a negative failure code; ``queue_ms``/``handler_ms`` are NaN and ``batch_size`` 0 when the
     server did not report them. ``extra_errors`` holds failures an engine counted without per-request statuses.
+    In a pipeline each entry is one run of the whole pipeline, and ``stages`` holds each stage's calls.
     """
 
     start_s: array[float] = field(default_factory=lambda: array("d"))
@@ -51,9 +58,17 @@ class Recording:
     peak_in_flight: int = 0
     resolution_ms: float | None = None
     warnings: list[str] = field(default_factory=list)
+    stages: dict[str, Recording] = field(default_factory=dict)
 
     def add(
-        self, start_s: float, latency_ms: float, status: int, queue_ms: float, handler_ms: float, batch_size: int
+        self,
+        start_s: float,
+        latency_ms: float,
+        status: int,
+        queue_ms: float,
+        handler_ms: float,
+        batch_size: int,
+        calls: tuple[StageCall, ...] = (),
     ) -> None:
         self.start_s.append(start_s)
         self.latency_ms.append(latency_ms)
@@ -61,6 +76,8 @@ class Recording:
         self.queue_ms.append(queue_ms)
         self.handler_ms.append(handler_ms)
         self.batch_size.append(batch_size)
+        for stage, offset, latency, code, queue, handler, batch in calls:
+            self.stages.setdefault(stage, Recording()).add(start_s + offset, latency, code, queue, handler, batch)
 
 
 def summarise_latency(latency_ms: np.ndarray) -> LatencySummary | None:  # type: ignore[type-arg]
@@ -155,6 +172,13 @@ def summarise(
         warnings.append("no server breakdown: no X-Servetune-* headers in the responses and no metrics URL given")
     if not ok.any():
         warnings.append("no request succeeded: latency figures are absent")
+    stages = {}
+    for name, calls in rec.stages.items():
+        calls.window_s = rec.window_s
+        stage = next(s for s in spec.stages if s.model == name)
+        labels = {**spec.labels, "model": name}
+        stage_spec = dataclasses.replace(spec, url=spec.stage_url(stage), stages=(), labels=labels)
+        stages[name] = summarise(stage_spec, calls, started_at)
     return BenchResult(
         engine=spec.engine,
         url=spec.url,
@@ -182,5 +206,6 @@ def summarise(
         duration=spec.duration,
         labels={"model": spec.model, **spec.labels} if spec.model else dict(spec.labels),
         latency_resolution_ms=rec.resolution_ms,
+        stages=stages,
         samples=rec,
     )

@@ -131,9 +131,37 @@ def markdown(result: BenchResult) -> str:
     if result.mode == "open":
         late = f"{result.late_sends} of {result.sent} (worst {result.max_late_ms:.1f} ms)"
         lines.append(f"| late sends (> 1 ms) | {late} |")
+    if result.stages:
+        lines += ["", "Stages (each stage's calls; the figures above are the whole pipeline's):", ""]
+        lines += ["| " + " | ".join(STAGE_COLUMNS) + " |", "|" + "---|" * len(STAGE_COLUMNS)]
+        lines += ["| " + " | ".join(row) + " |" for row in stage_rows(result)]
     if result.warnings:
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in result.warnings]
     return "\n".join(lines) + "\n"
+
+
+STAGE_COLUMNS = ("stage", "calls", "req/s", "P50 ms", "P90 ms", "P99 ms", "queue mean ms", "handler mean ms",
+                 "mean batch", "errors")  # fmt: skip
+
+
+def stage_rows(result: BenchResult) -> list[tuple[str, ...]]:
+    """One row per stage, then what the client spent between stages (hooks, network): the pipeline's mean latency
+    less the stages' means."""
+    rows = []
+    for name, stage in result.stages.items():
+        lat, srv = stage.latency, stage.server
+        rows.append((
+            name, str(stage.sent), f"{stage.throughput_rps:.2f}",
+            *(f"{getattr(lat, k):.1f}" if lat else "n/a" for k in ("p50_ms", "p90_ms", "p99_ms")),
+            f"{srv.queue.mean_ms:.1f}" if srv and srv.queue else "",
+            f"{srv.handler.mean_ms:.1f}" if srv and srv.handler else "",
+            f"{srv.batch_size_mean:.2f}" if srv and srv.batch_size_mean is not None else "",
+            f"{stage.failed} {_errors(stage)}".strip(),
+        ))  # fmt: skip
+    if result.latency is not None and all(s.latency is not None for s in result.stages.values()):
+        between = result.latency.mean_ms - sum(s.latency.mean_ms for s in result.stages.values() if s.latency)
+        rows.append(("between stages (client)", "", "", f"mean {between:.1f}", "", "", "", "", "", ""))
+    return rows
 
 
 def _errors(result: BenchResult) -> str:
@@ -174,10 +202,13 @@ def write_report(result: BenchResult, out_dir: Path) -> list[Path]:
     written = [out_dir / "result.json", out_dir / "ab_report.csv", out_dir / "report.md"]
     written[0].write_text(result.to_json() + "\n")
     row = csv_row(result)
+    if result.stages:
+        row["Model"] = "pipeline: " + " -> ".join(result.stages)
+    rows = [row, *(csv_row(stage) for stage in result.stages.values())]
     with written[1].open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(row))
         writer.writeheader()
-        writer.writerow(row)
+        writer.writerows(rows)
     written[2].write_text(markdown(result))
     if result.samples is not None:
         write_samples(result, out_dir / "samples.csv")
@@ -226,6 +257,13 @@ def print_summary(result: BenchResult, console: Any = None) -> None:
         late = f"{result.late_sends} of {result.sent} ({100 * result.late_sends / max(1, result.sent):.1f}%)"
         table.add_row("late sends (> 1 ms)", f"{late}, worst {result.max_late_ms:.1f} ms")
     console.print(table)
+    if result.stages:
+        stages = Table(title="stages", show_header=True)
+        for column in STAGE_COLUMNS:
+            stages.add_column(column)
+        for stage_row in stage_rows(result):
+            stages.add_row(*stage_row)
+        console.print(stages)
     for reason in result.reasons:
         console.print(f"[bold red]unreliable:[/] {reason}")
     for warning in result.warnings:

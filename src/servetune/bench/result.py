@@ -107,6 +107,8 @@ class BenchResult:
     duration: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
     latency_resolution_ms: float | None = None
+    # A pipeline: each stage's figures (its model's calls), by model name; the figures above are end to end.
+    stages: dict[str, BenchResult] = field(default_factory=dict)
     # The per-request samples behind the figures (for plots and samples.csv); kept in memory, not serialised.
     samples: Recording | None = field(default=None, repr=False, compare=False)
 
@@ -123,7 +125,9 @@ class BenchResult:
         data: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "samples":
+            if f.name == "stages":
+                data[f.name] = {name: stage.to_dict() for name, stage in value.items()}
+            elif f.name != "samples":
                 if is_dataclass(value) and not isinstance(value, type):
                     value = asdict(value)
                 elif isinstance(value, (dict, list)):
@@ -151,6 +155,7 @@ class BenchResult:
                 if server.get(key) is not None:
                     server[key] = Distribution(**server[key])
             data["server"] = ServerBreakdown(**server)
+        data["stages"] = {name: cls.from_dict(stage) for name, stage in (data.get("stages") or {}).items()}
         return cls(**data)
 
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -79,6 +79,16 @@ def run_bench(spec: BenchSpec, progress: bool = False) -> BenchResult:
     the caller is inside an event loop already). ``progress`` shows a live line on stderr if it is a terminal."""
     live = Progress(enabled=progress, requests=spec.requests, seconds=spec.duration)
     return _run_on_fresh_loop(lambda: run_bench_async(spec, live))
+
+
+def run_together(specs: Sequence[BenchSpec]) -> list[BenchResult]:
+    """Several load runs at the same time on one fresh event loop (an app's models, each loaded by its own stream);
+    results in the order of ``specs``."""
+
+    async def every() -> list[BenchResult]:
+        return list(await asyncio.gather(*(run_bench_async(spec) for spec in specs)))
+
+    return _run_on_fresh_loop(every)
 
 
 def _run_on_fresh_loop(make: Callable[[], Awaitable[T]]) -> T:

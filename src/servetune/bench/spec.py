@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from servetune._exceptions import ConfigError
@@ -19,6 +19,20 @@ _MODEL_PATH = re.compile(r"^/(?:predictions|explanations|v1/models|v2/models)/([
 
 
 @dataclass(frozen=True)
+class StageSpec:
+    """One call of a pipeline: POST to ``url`` (default ``{base}/predictions/{model}``) a request made by ``request``
+    from the previous stage's answer (a hook of ``servetune.bench.hooks`` by name, or ``FILE.py:FUNCTION``, relative
+    to ``BenchSpec.hook_dir``); the first stage sends the run's input (``request: input``). ``content_type`` and
+    ``form_field`` say how a hook's bytes are sent (raw, or as one multipart field)."""
+
+    model: str
+    request: str = "answer"
+    content_type: str | None = None
+    form_field: str | None = None
+    url: str | None = None
+
+
+@dataclass(frozen=True)
 class BenchSpec:
     """One load run.
 
@@ -27,6 +41,9 @@ class BenchSpec:
     Open loop (``rate`` set): requests leave on a fixed schedule (``arrival`` constant or Poisson) for ``duration``
     seconds and/or ``requests`` requests; latency is timed from each request's intended send time.
     Warm-up (``warmup_requests`` or ``warmup_seconds``) runs first and is excluded from every figure.
+    A pipeline (``stages``): each request of the load is the app's whole call graph, one stage after the other;
+    ``url`` is then the server's inference address, the result's figures are end to end (from the intended start
+    to the last answer) and ``BenchResult.stages`` holds each stage's.
     """
 
     url: str
@@ -50,6 +67,8 @@ class BenchSpec:
     max_connections: int = 1024
     seed: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    stages: tuple[StageSpec, ...] = ()
+    hook_dir: Path | None = None
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -79,6 +98,23 @@ class BenchSpec:
             raise ConfigError("warmup_requests and warmup_seconds are both set: give one")
         if self.method.upper() not in ("POST", "PUT", "GET"):
             raise ConfigError(f"method={self.method!r}: expected POST, PUT or GET")
+        if self.stages:
+            self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        if self.engine != "async":
+            raise ConfigError(f"engine={self.engine!r}: a pipeline runs on the built-in engine (async)")
+        names = [stage.model for stage in self.stages]
+        for i, stage in enumerate(self.stages):
+            if not stage.model or "/" in stage.model:
+                raise ConfigError(f"pipeline[{i}].model={stage.model!r}: expected a model name")
+            if names.count(stage.model) > 1:
+                raise ConfigError(f"pipeline[{i}].model={stage.model!r}: each model may appear once in a pipeline")
+            if (i == 0) != (stage.request == "input"):
+                expected = "input (the first stage sends the input)" if i == 0 else "a hook (only the first is input)"
+                raise ConfigError(f"pipeline[{i}].request={stage.request!r}: expected {expected}")
+            if stage.url is not None and urlsplit(stage.url).scheme not in ("http", "https"):
+                raise ConfigError(f"pipeline[{i}].url={stage.url!r}: expected http://HOST:PORT/PATH")
 
     @property
     def mode(self) -> Mode:
@@ -94,6 +130,37 @@ class BenchSpec:
         """The model name when the URL is a TorchServe prediction URL (``/predictions/{model}[/{version}]``)."""
         match = _MODEL_PATH.match(urlsplit(self.url).path)
         return match.group(1) if match else None
+
+    def stage_url(self, stage: StageSpec) -> str:
+        return stage.url or f"{self.url.rstrip('/')}/predictions/{stage.model}"
+
+
+STAGE_KEYS = ("model", "request", "content_type", "form_field", "url")
+
+
+def parse_stages(where: str, value: Any) -> tuple[StageSpec, ...]:
+    """A pipeline from YAML: a list whose items are a model name or ``{model, request, content_type, form_field,
+    url}``; the first stage's request is ``input``, a later one's defaults to ``answer``. Errors name the key."""
+    if not isinstance(value, list) or len(value) < 2:
+        raise ConfigError(f"{where}={value!r}: expected a list of two or more stages (model names or mappings)")
+    stages = []
+    for i, item in enumerate(value):
+        at = f"{where}[{i}]"
+        entry = {"model": item} if isinstance(item, str) else item
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{at}={item!r}: expected a model name or a mapping with a 'model' key")
+        for key in entry:
+            if key not in STAGE_KEYS:
+                raise ConfigError(f"{at}.{key}: unknown key; expected one of {', '.join(STAGE_KEYS)}")
+        for key in entry:
+            if not isinstance(entry[key], str) or not entry[key].strip():
+                raise ConfigError(f"{at}.{key}={entry[key]!r}: expected a non-empty string")
+        if "model" not in entry:
+            raise ConfigError(f"{at}.model: missing; expected the name of the model this stage calls")
+        request = entry.get("request", "input" if i == 0 else "answer")
+        stages.append(StageSpec(entry["model"].strip(), request.strip(), entry.get("content_type"),
+                                entry.get("form_field"), entry.get("url")))  # fmt: skip
+    return tuple(stages)
 
 
 def parse_warmup(value: str) -> tuple[int, float]:

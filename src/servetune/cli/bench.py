@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from servetune._exceptions import ConfigError
-from servetune.bench import ENGINES, BenchSpec, parse_warmup, run_bench
+from servetune.bench import ENGINES, BenchSpec, StageSpec, parse_stages, parse_warmup, run_bench
 from servetune.bench.report import print_summary, write_report
 
 
@@ -21,6 +21,21 @@ def _pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, st
             raise ConfigError(f"{option}={value!r}: expected KEY{sep}VALUE")
         pairs.append((key.strip(), rest.strip()))
     return pairs
+
+
+def read_pipeline(path: Path) -> tuple[StageSpec, ...]:
+    """The stages of ``--pipeline FILE``: a YAML list, or a mapping (a study) with a ``pipeline`` key."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--pipeline={str(path)!r}: cannot read it: {exc}") from None
+    if isinstance(raw, dict):
+        if "pipeline" not in raw:
+            raise ConfigError(f"--pipeline={str(path)!r}: expected a list of stages or a 'pipeline:' key")
+        return parse_stages("pipeline", raw["pipeline"])
+    return parse_stages("pipeline", raw)
 
 
 @click.command(context_settings={"show_default": True})
@@ -82,6 +97,12 @@ def _pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, st
     help="Write result.json, ab_report.csv, report.md, samples.csv and latency.png here.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print result.json to stdout instead of the summary.")
+@click.option(
+    "--pipeline",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Drive an app's pipeline instead of one endpoint: a YAML list of stages, or a study with a 'pipeline:' "
+    "key. URL is then the inference address (http://HOST:8080); --input goes to the first stage.",
+)
 def command(
     url: str,
     input_path: Path | None,
@@ -105,9 +126,11 @@ def command(
     labels: tuple[str, ...],
     output: Path | None,
     as_json: bool,
+    pipeline: Path | None,
 ) -> None:
     """Put load on URL (e.g. http://127.0.0.1:8080/predictions/resnet-18) and report throughput, errors,
-    latency percentiles and the server's queue/handler breakdown."""
+    latency percentiles and the server's queue/handler breakdown. With --pipeline, each request is an app's whole
+    call graph (URL: the inference address), reported end to end and per stage."""
     warmup_requests, warmup_seconds = parse_warmup(warmup)
     spec = BenchSpec(
         url=url,
@@ -131,6 +154,8 @@ def command(
         max_connections=max_connections,
         seed=seed,
         labels=dict(_pairs(labels, "=", "--label")),
+        stages=read_pipeline(pipeline) if pipeline is not None else (),
+        hook_dir=pipeline.parent.resolve() if pipeline is not None else None,
     )
     result = run_bench(spec, progress=True)
     if as_json:

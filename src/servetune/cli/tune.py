@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     metavar="HOST:PORT",
     help="With backend ray: a running Ray cluster's head (or auto). [default: the study's, else a private local one]",
 )
+@click.option(
+    "--protocol",
+    type=click.Choice(["torchserve", "kserve-v1", "v2-json", "v2-binary", "v2-grpc", "torchserve-grpc"]),
+    help="How trials call the model, as its real callers will: TorchServe's API, KServe v1, OIP v2 (JSON, binary, "
+    "gRPC) or TorchServe's gRPC. [default: the study's load.protocol, else torchserve]",
+)
 @click.option("--url", help="Tune this running server (its inference address) instead of starting one.")
 @click.option("--management-url", help="With --url: the management address. [default: inference port + 1]")
 @click.option(
@@ -55,6 +61,7 @@ def command(
     strategy: str | None,
     backend: str | None,
     ray_address: str | None,
+    protocol: str | None,
     url: str | None,
     management_url: str | None,
     metrics_url: str | None,
@@ -68,19 +75,26 @@ def command(
     """
     from rich.console import Console
 
-    from servetune.tune import Remote, load_study, tune
+    from servetune.tune import Remote, load_study, override, tune
     from servetune.tune.report import describe, headline
+    from servetune.tune.targets import prepare
 
     console = Console(stderr=True)
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: the server is stopped, the report written
     budget_s = duration("--budget", budget) if budget is not None else None
-    study = load_study(study_file).with_overrides(
-        sla_p99_ms=sla_p99, budget_s=budget_s, strategy=strategy, backend=backend, ray_address=ray_address
+    study = override(
+        load_study(study_file),
+        sla_p99_ms=sla_p99,
+        budget_s=budget_s,
+        strategy=strategy,
+        backend=backend,
+        address=ray_address,
+        protocol=protocol,
     )
     out = out or study_file.with_name(f"{study_file.stem}-tune")
     remote = Remote(url, management_url, metrics_url, key_file) if url else None
     if remote is None:
-        study = study.for_backend()  # the space as it is searched (Ray adds a knob), for the line below
+        study = prepare(study)  # the space as it is searched (Ray adds a knob), for the line below
     console.print(
         f"tuning {study.model}: {study.size} configs, {study.sla.describe()}, strategy {study.strategy.name}, "
         f"budget {study.budget.describe()}{on_ray(study, remote is not None)} -> {out}",
@@ -105,7 +119,7 @@ def command(
 def on_ray(study: Study, remote: bool) -> str:
     if study.backend != "ray" or remote:
         return ""
-    return f", on Ray ({study.ray_address or 'a local Ray instance'})"
+    return f", on Ray ({study.backend_address or 'a local Ray instance'})"
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from servetune.tune.space import Space
 from servetune.tune.study import Study
@@ -16,6 +16,7 @@ class Analysis:
     closest: Summary | None  # when nothing meets it: the config that missed it by least
     baseline: Summary | None  # the default config (1 worker, batch 1, eager)
     pareto: list[Summary]  # throughput vs P99, lowest P99 first
+    references: list[tuple[str, Summary]] = field(default_factory=list)  # the study's references, measured
 
     def top(self, n: int = 5) -> list[Summary]:
         passed = [s for s in self.summaries if s.verdict.passed]
@@ -38,7 +39,10 @@ def analyse(study: Study, trials: list[Trial]) -> Analysis:
     winner = passed[0] if passed else None
     closest = None if winner else min(measured, key=lambda s: s.verdict.violation, default=None)
     baseline = next((s for s in every if s.config == study.baseline), None)
-    return Analysis(summaries, winner, closest, baseline, pareto_front(measured + ([baseline] if baseline else [])))
+    by_config = {s.config: s for s in every}
+    references = [(label, by_config[config]) for label, config in study.references if config in by_config]
+    front = pareto_front(measured + ([baseline] if baseline else []))
+    return Analysis(summaries, winner, closest, baseline, front, references)
 
 
 def pareto_front(summaries: list[Summary]) -> list[Summary]:

@@ -45,10 +45,11 @@ class ArchiveBuilder:
             self._opened[archive] = open_archive(archive, dest)
         return self._opened[archive]
 
-    def family(self, family: Family) -> str:
-        """Write the family's folder and return its name in the store (the register API's ``url``)."""
+    def family(self, family: Family, extra: Mapping[str, Any] | None = None) -> str:
+        """Write the family's folder and return its name in the store (the register API's ``url``); ``extra``:
+        model-config keys the target adds."""
         name = slug(family.label)
-        config = trial_model_config(self.open(family.archive).model_config, family)
+        config = trial_model_config(self.open(family.archive).model_config, family, extra)
         write_archive(self.open(family.archive), self.store / name, config)
         return name
 
@@ -56,15 +57,16 @@ class ArchiveBuilder:
         return str(self.open(archive).manifest.raw.get("model", {}).get("modelVersion") or "1.0")
 
 
-def trial_model_config(base: Mapping[str, Any], family: Family) -> dict[str, Any]:
+def trial_model_config(
+    base: Mapping[str, Any], family: Family, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     config = {k: v for k, v in base.items() if k not in FRONTEND_KNOBS}
     config.update(family.model_config)
     config["optimization"] = family.optimization
     config["deviceType"] = "gpu" if family.device == "cuda" else "cpu"
     if family.gpus:
         config["deviceIds"] = list(range(family.gpus))
-    if family.ongoing_batches is not None:
-        config["rayOngoingBatches"] = family.ongoing_batches
+    config.update(extra or {})
     return config
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from servetune._exceptions import ConfigError
 from servetune.tune.analysis import Analysis, analyse
 from servetune.tune.checkpoint import Checkpoint
 from servetune.tune.deploy import Deployment, write_deployment
@@ -19,7 +20,8 @@ from servetune.tune.runner import TrialRunner
 from servetune.tune.space import Space
 from servetune.tune.strategies import Proposal, Strategy, load_strategy
 from servetune.tune.study import Study
-from servetune.tune.target import RemoteTarget, Target, embedded_target
+from servetune.tune.targets import Target, prepare, target_kind
+from servetune.tune.targets.remote import RemoteTarget
 from servetune.tune.trial import Trial, judge
 
 
@@ -56,6 +58,8 @@ def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: 
     notes: list[str] = []
     target: Target
     if remote is not None:
+        if study.is_app:
+            raise ConfigError("--url: tunes one model of a running server; an app study starts its own server")
         remote_target = RemoteTarget(
             remote.url,
             study.model,
@@ -64,14 +68,14 @@ def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: 
             key_file=remote.key_file,
         )
         remote_target.start()
-        if study.backend == "ray":
-            notes.append("backend ray: --url tunes the running server as it is (no Ray cluster is started)")
+        if study.backend != "native":
+            notes.append(f"backend {study.backend}: --url tunes the running server as it is (none is started)")
         study, remote_notes = remote_target.adapt(study)
         notes += remote_notes
         target = remote_target
     else:
-        study = study.for_backend()
-        target = embedded_target(study, out_dir)
+        study = prepare(study)
+        target = target_kind(study.backend).embedded(study, out_dir)
     for note in (*study.notes, *notes):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     run = _Run(study, out_dir, target, console)
@@ -110,12 +114,14 @@ class _Run:
         self.next_index = max((t.index for t in previous.values()), default=-1) + 1
         with TuneProgress(self.console, f"tune {self.study.model}", budget_s=self.study.budget.seconds) as bar:
             self.bar = bar
-            proposal: Proposal | None = Proposal(self.study.baseline, 0, "the default config (1 worker, batch 1)")
+            first = {self.study.baseline: Proposal(self.study.baseline, 0, "the default config (1 worker, batch 1)")}
+            for label, config in self.study.references:  # a reference that is the default is measured once
+                first.setdefault(config, Proposal(config, 0, f"reference: {label}"))
             try:
-                while proposal is not None:
-                    if not self._take(proposal, previous):
-                        break
-                    proposal = self.strategy.propose()
+                if all(self._take(proposal, previous) for proposal in first.values()):
+                    following = self.strategy.propose()
+                    while following is not None and self._take(following, previous):
+                        following = self.strategy.propose()
             except KeyboardInterrupt:
                 self.stopped = "interrupted"
         if self.stopped:
@@ -187,7 +193,7 @@ def _finish(run: _Run, notes: list[str], *, served_url: str | None) -> TuneResul
             run.trials,
             notes=[*study.notes, *notes],
             serve_command=deployment.serve_command if deployment else None,
-            ray_serve_config=deployment.ray_serve_config if deployment else None,
+            alternatives=deployment.alternatives if deployment else (),
             plots=[p.name for p in plots],
         )
     )

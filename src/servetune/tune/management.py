@@ -10,15 +10,9 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from servetune._exceptions import ServetuneError
+from servetune._exceptions import ManagementError
 
-
-class ManagementError(ServetuneError):
-    """The management API refused a call; ``status`` is its HTTP status (0 when it could not be reached)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["ManagementClient", "ManagementError", "worker_memory"]
 
 
 class ManagementClient:
@@ -69,20 +63,26 @@ class ManagementClient:
             "PUT", f"/models/{urllib.parse.quote(model)}", min_worker=workers, max_worker=workers, synchronous="true"
         )
 
-    def rebatch(self, model: str, *, batch_size: int, max_batch_delay: int, workers: int) -> bool:
+    def rebatch(self, model: str, *, batch_size: int, max_batch_delay: int, workers: int, **extra: Any) -> bool:
         """Change batching in place and scale, in one call (servetune's extension of the scale API; TorchServe
-        ignores the batch parameters). True when the server now reports the new batching."""
+        ignores the batch parameters). True when the server now reports the new batching. ``extra``: more of
+        servetune's parameters for the same call (``num_threads``, ``cpu_pinning``, ``inter_op_threads``)."""
+        self.set(model, workers=workers, batch_size=batch_size, max_batch_delay=max_batch_delay, **extra)
+        described = self.describe(model)
+        return (described.get("batchSize"), described.get("maxBatchDelay")) == (batch_size, max_batch_delay)
+
+    def set(self, model: str, *, workers: int, **params: Any) -> None:
+        """Scale to ``workers`` and change ``params`` in the same call (servetune's extensions of the scale API:
+        ``batch_size``, ``max_batch_delay``, ``num_threads``, ``cpu_pinning``, ``inter_op_threads``); answered
+        once the workers run with them."""
         self.call(
             "PUT",
             f"/models/{urllib.parse.quote(model)}",
-            batch_size=batch_size,
-            max_batch_delay=max_batch_delay,
+            **params,
             min_worker=workers,
             max_worker=workers,
             synchronous="true",
         )
-        described = self.describe(model)
-        return (described.get("batchSize"), described.get("maxBatchDelay")) == (batch_size, max_batch_delay)
 
     def rebatch_supported(self, model: str, described: Mapping[str, Any]) -> bool:
         """Whether the server changes batching in place, asked without changing anything: the model's own batch

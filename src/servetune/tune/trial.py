@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from servetune.bench.result import BenchResult
-from servetune.tune.study import Config, Study
+from servetune.tune.study import AppConfig, Config, Point, Sla, Study
 
 LATENCY_KEYS = ("mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms")
 
@@ -35,7 +35,7 @@ class Trial:
     """
 
     index: int
-    config: Config
+    config: Point
     repeat: int
     status: str
     result: BenchResult | None = None
@@ -49,6 +49,9 @@ class Trial:
     started_at: str = ""
     reason: str = ""
     load: Mapping[str, Any] = field(default_factory=dict)  # {"concurrency": N} or {"rate": R, "arrival": ...}
+    # model -> its workers as they reported themselves (pid, numThreads, interOpThreads, cpuCores), when a thread
+    # or pinning knob was set
+    placement: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -63,12 +66,16 @@ class Trial:
         data["result"] = self.result.to_dict() if self.result is not None else None
         data["probes"] = [asdict(p) for p in self.probes]
         data["load"] = dict(self.load)
+        data["placement"] = {name: [dict(w) for w in workers] for name, workers in self.placement.items()}
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trial:
         values = dict(data)
-        values["config"] = Config(**values["config"])
+        raw = values["config"]
+        values["config"] = (
+            AppConfig(tuple(Config(**part) for part in raw["parts"])) if "parts" in raw else Config(**raw)
+        )
         values["result"] = BenchResult.from_dict(values["result"]) if values.get("result") else None
         values["probes"] = tuple(Probe(**p) for p in values.get("probes", ()))
         return cls(**values)
@@ -76,9 +83,13 @@ class Trial:
 
 @dataclass(frozen=True)
 class Figures:
+    """What a verdict is made from: throughput, latency (end to end in a pipeline), errors, and in an app each
+    model's own figures (its stage of the pipeline, or its stream of the mix)."""
+
     throughput_rps: float
     latency: Mapping[str, float]
     error_rate: float
+    stages: Mapping[str, Figures] = field(default_factory=dict)
 
 
 def figures_of(result: BenchResult | None) -> Figures | None:
@@ -86,7 +97,8 @@ def figures_of(result: BenchResult | None) -> Figures | None:
     if result is None or result.latency is None:
         return None
     lat = result.latency
-    return Figures(result.throughput_rps, {k: getattr(lat, k) for k in LATENCY_KEYS}, result.error_rate)
+    stages = {name: f for name, stage in result.stages.items() if (f := figures_of(stage)) is not None}
+    return Figures(result.throughput_rps, {k: getattr(lat, k) for k in LATENCY_KEYS}, result.error_rate, stages)
 
 
 @dataclass(frozen=True)
@@ -103,23 +115,35 @@ class Verdict:
     reason: str
 
 
-def judge(figures: Figures | None, config: Config, study: Study) -> Verdict:
+def judge(figures: Figures | None, config: Point, study: Study) -> Verdict:
+    """Against the study's SLA (end to end in a pipeline) and, in an app, each model's own SLA on its figures."""
     if figures is None:
         return Verdict(False, False, False, math.inf, 0.0, -math.inf, "no measurement")
+    checks: list[tuple[str, Sla, Figures | None]] = [("", study.sla, figures)]
+    checks += [(f"{m.name} ", m.sla, figures.stages.get(m.name)) for m in study.models if not m.sla.empty]
     misses: list[str] = []
     violation = 0.0
-    for key, limit in study.sla.limits():
-        value = figures.latency[key]
-        violation = max(violation, value / limit - 1.0)
-        if value > limit:
-            misses.append(f"{key.removesuffix('_ms').upper()} {value:.1f} ms > {limit:g} ms")
+    typical_miss = False
+    for who, sla, measured in checks:
+        if measured is None:
+            misses.append(f"{who}not measured")
+            violation = math.inf
+            continue
+        for key, limit in sla.limits():
+            value = measured.latency[key]
+            violation = max(violation, value / limit - 1.0)
+            if value > limit:
+                misses.append(f"{who}{key.removesuffix('_ms').upper()} {value:.1f} ms > {limit:g} ms")
+        typical_miss |= any(measured.latency["p50_ms"] > limit for _, limit in sla.limits())
     latency_ok = not misses
-    typical_miss = any(figures.latency["p50_ms"] > limit for _, limit in study.sla.limits())
     if figures.error_rate > study.sla.max_error_rate:
         misses.append(f"errors {100 * figures.error_rate:.2f}% > {100 * study.sla.max_error_rate:g}%")
         violation = max(violation, figures.error_rate - study.sla.max_error_rate)
     passed = not misses
-    objective = study.objective.value(figures.throughput_rps, study.family(config.family).device) if passed else 0.0
+    objective = 0.0
+    if passed:
+        device = study.family(config.parts[0].family).device
+        objective = figures.throughput_rps if study.is_app else study.objective.value(figures.throughput_rps, device)
     score = objective if passed else -violation
     return Verdict(passed, latency_ok, typical_miss, violation, objective, score, "; ".join(misses))
 
@@ -128,7 +152,7 @@ def judge(figures: Figures | None, config: Config, study: Study) -> Verdict:
 class Summary:
     """A config's trials combined: figures averaged over its successful repeats, judged once on the averages."""
 
-    config: Config
+    config: Point
     trials: tuple[Trial, ...]
     figures: Figures | None
     verdict: Verdict
@@ -147,17 +171,22 @@ class Summary:
         return next((t.error for t in self.trials if t.status == "error"), "")
 
 
-def summarise(config: Config, trials: Iterable[Trial], study: Study) -> Summary:
+def average(measured: list[Figures]) -> Figures:
+    """Repeats of a config combined: every figure (each stage's too) the mean of its runs."""
+    n = len(measured)
+    names = [name for name in measured[0].stages if all(name in f.stages for f in measured)]
+    return Figures(
+        sum(f.throughput_rps for f in measured) / n,
+        {k: sum(f.latency[k] for f in measured) / n for k in LATENCY_KEYS},
+        sum(f.error_rate for f in measured) / n,
+        {name: average([f.stages[name] for f in measured]) for name in names},
+    )
+
+
+def summarise(config: Point, trials: Iterable[Trial], study: Study) -> Summary:
     own = tuple(t for t in trials if t.config == config)
     measured = [f for t in own if (f := t.figures()) is not None]
-    figures = None
-    if measured:
-        n = len(measured)
-        figures = Figures(
-            sum(f.throughput_rps for f in measured) / n,
-            {k: sum(f.latency[k] for f in measured) / n for k in LATENCY_KEYS},
-            sum(f.error_rate for f in measured) / n,
-        )
+    figures = average(measured) if measured else None
     memory = max((t.memory_bytes for t in own), default=0)
     gpu_memory = max((t.gpu_memory_bytes for t in own), default=0)
     return Summary(config, own, figures, judge(figures, config, study), memory, gpu_memory)
