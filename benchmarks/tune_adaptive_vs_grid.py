@@ -6,7 +6,7 @@ Three spaces of more than 100 configs:
   once whatever the workers), 6 workers x 6 batch sizes x 4 delays = 144 configs, closed loop with batch x workers
   clients, SLA P99 <= 300 ms;
 - ``resnet18``: ResNet-18 on CPU behind the built-in image_classifier (examples/resnet18), 4 workers x 5 batch sizes
-  x 2 delays x 2 intra-op thread counts (threads per worker, set in place between trials) = 160 configs, SLA P99 <=
+  x 3 delays x 2 intra-op thread counts (threads per worker, set in place between trials) = 120 configs, SLA P99 <=
   --resnet-sla ms;
 - ``pipeline``: an app of two known-cost models called one after the other (A: 60 ms + 10 ms x batch, B: 30 ms +
   10 ms x batch), sharing 2 slots (the host's cores), 4 workers x 4 batch sizes each = 256 joint configs, closed
@@ -69,7 +69,7 @@ def resnet_study(folder: Path, duration: float, sla_ms: float) -> dict[str, Any]
         "space": {
             "workers": [1, 2, 3, 4],
             "batch_size": [1, 2, 4, 8, 16],
-            "batch_delay_ms": [5, 25],
+            "batch_delay_ms": [5, 25, 50],
             "threads": [1, 2],
         },
         "load": {"duration": f"{duration}s", "warmup": "1s"},

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,11 +74,49 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
     ) -> RunningServer:
         props = {"disable_token_authorization": "true", "default_workers_per_model": "1", **(properties or {})}
         workdir = tmp_path / f"server{len(servers)}"
-        server = RunningServer(model_store, models, props, workdir=workdir, startup_timeout=timeout,
-                               fail_on_model_error=False)
+        server = RunningServer(
+            model_store, models, props, workdir=workdir, startup_timeout=timeout, fail_on_model_error=False
+        )
         servers.append(server)
         return server.start()  # type: ignore[return-value]
 
     yield start
     for server in servers:
         server.stop()
+
+
+# The suite runs on two xdist workers, a whole test file to a worker (``--dist loadfile --no-loadscope-reorder``:
+# a module's server starts once), the longest files first, files with tests on Ray alternating with the others (the
+# first four go two to each worker). A test on Ray (a Ray instance, a dozen processes) holds a lock while it runs,
+# so that two never run at once on two cores.
+LONGEST_FIRST = [
+    "test_tune_ray.py",  # Ray
+    "test_tune_e2e.py",
+    "test_api_backends.py",  # Ray
+    "test_tune_app_e2e.py",
+    "test_api_readiness.py",  # Ray
+    "test_server_faults.py",
+    "test_ray_serve.py",  # Ray
+    "test_server_fuzz.py",
+    "test_api_kserve.py",  # Ray
+    "test_server_management.py",
+    "test_grpc_api.py",  # Ray
+    "test_tune_protocols.py",
+    "test_bench_async_engine.py",
+]
+RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None or not (item.path.name in RAY_FILES or "[ray" in item.nodeid):
+        return (yield)
+    with open(Path(tempfile.gettempdir()) / f"servetune-tests-{run}.ray.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return (yield)

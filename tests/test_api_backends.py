@@ -7,19 +7,16 @@ Each backend serves the same archives: ``sleep`` (batch 4, delay 150 ms, 30 ms a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from backends import BACKENDS, backend_server
 from http_client import Reply, burst, call, wait_for
 from models import sleep_archive
 from servetune.embedded import EmbeddedServer
-
-BACKENDS = ["native", pytest.param("ray", marks=pytest.mark.slow)]
-HAS_RAY = importlib.util.find_spec("ray") is not None
 
 
 class Api:
@@ -60,21 +57,11 @@ def build_store(store: Path) -> None:
 @pytest.fixture(scope="module", params=BACKENDS)
 def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     backend = request.param
-    if backend == "ray" and not HAS_RAY:
-        pytest.skip("Ray Serve is not installed (pip install 'servetune[ray]')")
     store = tmp_path_factory.mktemp("store")
     build_store(store)
     properties = {"default_workers_per_model": "1", "enable_model_api": "true", "max_request_size": "100000"}
-    server = EmbeddedServer(
-        store,
-        {"sleep": "sleep1.mar", "slow": "slow.mar", "narrow": "narrow.mar"},
-        properties,
-        workdir=tmp_path_factory.mktemp(f"server-{backend}"),
-        backend=backend,
-        ray_address="local",
-        ray_num_cpus=4,
-        startup_timeout=240,
-    )
+    models = {"sleep": "sleep1.mar", "slow": "slow.mar", "narrow": "narrow.mar"}
+    server = backend_server(backend, tmp_path_factory, store, models, properties)
     try:
         yield Api(server.start(), backend)
     finally:

@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backends import BACKENDS, backend_server
 from http_client import Reply, burst, call
 from kserve_models import DOUBLER_METADATA, build_store
 from servetune.embedded import EmbeddedServer
 from servetune.tensors import InferenceRequest, RequestedOutput, Tensor, encode_request, parse_response
 
-BACKENDS = ["native", pytest.param("ray", marks=pytest.mark.slow)]
-HAS_RAY = importlib.util.find_spec("ray") is not None
 HAS_TRITON = importlib.util.find_spec("tritonclient") is not None
 JSON = {"Content-Type": "application/json"}
 LIMIT = 200_000
@@ -45,21 +44,10 @@ class Server:
 @pytest.fixture(scope="module", params=BACKENDS)
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     backend = request.param
-    if backend == "ray" and not HAS_RAY:
-        pytest.skip("Ray Serve is not installed (pip install 'servetune[ray]')")
     store = tmp_path_factory.mktemp("store")
     models = build_store(store)
     properties = {"default_workers_per_model": "1", "max_request_size": str(LIMIT)}
-    running = EmbeddedServer(
-        store,
-        models,
-        properties,
-        workdir=tmp_path_factory.mktemp(f"server-{backend}"),
-        backend=backend,
-        ray_address="local",
-        ray_num_cpus=4,
-        startup_timeout=240,
-    )
+    running = backend_server(backend, tmp_path_factory, store, models, properties)
     try:
         yield Server(running.start(), backend)
     finally:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from backends import BACKENDS
 from models import sleep_archive
 
-BACKENDS = ["native", pytest.param("ray", marks=pytest.mark.slow)]
 LOAD_S = 4.0
 
 

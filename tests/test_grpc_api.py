@@ -8,7 +8,6 @@ Each backend serves ``tensor`` (batch 4, delay 200 ms, 50 ms a batch; see grpc_m
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,12 +18,11 @@ import grpc
 import numpy as np
 import pytest
 
+from backends import BACKENDS, backend_server
 from grpc_models import generate_stubs, tensor_archive
 from http_client import call
 from servetune.embedded import EmbeddedServer
 
-BACKENDS = ["native", pytest.param("ray", marks=pytest.mark.slow)]
-HAS_RAY = importlib.util.find_spec("ray") is not None
 MAX_REQUEST = 100_000
 
 
@@ -72,8 +70,6 @@ def api(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stubs: dict[str, ModuleType]
 ) -> Iterator[Grpc]:
     backend = request.param
-    if backend == "ray" and not HAS_RAY:
-        pytest.skip("Ray Serve is not installed (pip install 'servetune[ray]')")
     store = tmp_path_factory.mktemp("store")
     tensor_archive(store)
     tensor_archive(store, version="2.0", batch_ms=1)
@@ -86,16 +82,7 @@ def api(
         "max_request_size": str(MAX_REQUEST),
         "max_response_size": str(MAX_REQUEST),
     }
-    server = EmbeddedServer(
-        store,
-        {"tensor": "tensor.mar"},
-        properties,
-        workdir=tmp_path_factory.mktemp(f"grpc-{backend}"),
-        backend=backend,
-        ray_address="local",
-        ray_num_cpus=4,
-        startup_timeout=240,
-    )
+    server = backend_server(backend, tmp_path_factory, store, {"tensor": "tensor.mar"}, properties)
     server.start()
     api = Grpc(server, backend, stubs)
     try:

@@ -1,11 +1,13 @@
 """``servetune tune --backend ray`` end to end on a real two-node Ray cluster (``ray_cluster.py``), with the model
 whose cost is known (``tune_models.py``): each batch costs 200 ms + 40 ms x batch size, at most 2 batches at once.
 
-Clients = batch size x workers (closed loop), workers [1, 2] x batch [1, 2, 4], SLA P99 <= 800 ms. By hand
+Clients = batch size x workers (closed loop), workers [1, 2] x batch [1, 2, 4], SLA P99 <= 1500 ms. By hand
 (``expected_closed_loop``, as in test_tune_e2e.py): 2 workers x batch 4 serve 22 req/s in 360 ms; everything else
 serves at most 14 req/s, with or without 150 ms of Ray's proxy per request. The model is slower and the SLA looser
 than test_tune_e2e.py's: Ray's proxy, router and node processes cost CPU per request, and on 2 busy cores a CI run
-at twice this rate measured 2 workers x batch 4 at 26 req/s, P99 499 ms (58% and 2.8x of the model's own figures).
+at twice this rate measured 2 workers x batch 4 at 26 req/s, P99 499 ms (58% and 2.8x of the model's own figures),
+and a run beside another test file measured it at P99 935 ms: the SLA leaves room for that, and the best stays the
+best (the highest throughput of the space).
 
 The tuner starts ``servetune serve --backend ray`` on the cluster, registers the family's archive, changes batching
 in place and scales replicas between trials, then writes the winner as a ``serve deploy`` file too.
@@ -34,7 +36,7 @@ from tune_models import best_by_hand, cost_archive  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-A_MS, B_MS, SLOTS, SLA_MS = 200.0, 40.0, 2, 800.0
+A_MS, B_MS, SLOTS, SLA_MS = 200.0, 40.0, 2, 1500.0
 SPACE = {"workers": [1, 2], "batch_size": [1, 2, 4], "batch_delay_ms": [50]}
 BEST = Config("eager/cpu", 2, 4, 50)
 
@@ -112,8 +114,8 @@ def test_the_winner_is_written_as_a_schema_valid_ray_serve_config(tuned: Tuned) 
     assert deployment["num_replicas"] == 2
     assert deployment["user_config"] == {"batch_size": 4, "max_batch_delay_ms": 50, "num_threads": 1}
     spec = app["args"]["versions"]["1.0"]
-    assert spec["batch_size"] == 4 and spec["model_yaml_config"]["optimization"] == "eager"
-    assert Path(spec["url"]) == (deploy / "model-store" / "cost").resolve()
+    assert spec["config"]["batch_size"] == 4 and spec["config"]["handler_config"]["optimization"] == "eager"
+    assert Path(spec["archive"]) == (deploy / "model-store" / "cost").resolve()
     command, alternative = (deploy / "serve-command.txt").read_text().splitlines()
     properties = (deploy / "config.properties").resolve()
     assert command == f"servetune serve --backend ray --ray-address {tuned.address} --ts-config {properties}"

@@ -9,7 +9,6 @@ default version answers. The worker's ``kserve`` envelope hands the handler the 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -18,11 +17,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from servetune._exceptions import ApiError
-from servetune.api.answers import CLIENT_GONE, new_request_id, observe, result_response, run_watched
-from servetune.api.http import json_response, kserve_error_response
+from servetune.api.http import json_response
 from servetune.api.metrics import ApiMetrics
-from servetune.api.oip import answer_error
-from servetune.api.oip_rest import Authorize, read_inference_request
+from servetune.api.oip_rest import Authorize, failure_answer, inference_runner, read_inference_request
 from servetune.api.types import InferenceBackend, InferRequest, Input, Readiness
 from servetune.config.server import ServerConfig
 from servetune.handlers.envelopes import KSERVE_V1, PROTOCOL_HEADER
@@ -48,12 +45,7 @@ def kserve_routes(
     readiness: Readiness,
     authorize: Authorize,
 ) -> list[BaseRoute]:
-    def failed(error: ApiError, name: str) -> Response:
-        if error.status == 404 and readiness.starting:
-            error = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
-        if metrics is not None:
-            metrics.observe_status(error.status)
-        return kserve_error_response(error)
+    failed = failure_answer(readiness, metrics)
 
     async def models(request: Request) -> Response:
         authorize(request, True)
@@ -68,35 +60,20 @@ def kserve_routes(
             return failed(exc, name)
         return json_response({"name": name, "ready": ready}, 200 if ready else 503)
 
-    async def run(request: Request, explain: bool) -> Response:
-        authorize(request, False)
-        received = time.perf_counter()
-        name = request.path_params["model"]
-        request_id = request.headers.get("x-request-id") or new_request_id()
-        try:
-            body, _ = await read_inference_request(request, config.max_request_size)
-            check_v1_body(body)
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_HEADERS}
-            headers.update({PROTOCOL_HEADER: KSERVE_V1, "explain": "True" if explain else "False"})
-            job = InferRequest(request_id, headers, [Input("body", "application/json", body)], time.monotonic())
-            result = await run_watched(backend, request, name, None, job)
-        except ApiError as exc:
-            return failed(exc, name)
-        except asyncio.CancelledError:
-            return Response(b"", CLIENT_GONE)
-        observe(metrics, name, None, result, received)
-        if result.status != 200:
-            return kserve_error_response(answer_error(result))
-        response = result_response(result, request_id, config.max_response_size)
-        if response.status_code != 200:
-            return kserve_error_response(ApiError(f"Response of {len(result.body)} bytes is too large", 507))
-        return response
+    async def v1_job(request: Request, request_id: str, explain: bool) -> InferRequest:
+        body, _ = await read_inference_request(request, config.max_request_size)
+        check_v1_body(body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_HEADERS}
+        headers.update({PROTOCOL_HEADER: KSERVE_V1, "explain": "True" if explain else "False"})
+        return InferRequest(request_id, headers, [Input("body", "application/json", body)], time.monotonic())
+
+    run = inference_runner(backend, config, metrics, authorize, failed, v1_job)
 
     async def predict(request: Request) -> Response:
-        return await run(request, explain=False)
+        return await run(request, request.path_params["model"], None, False)
 
     async def explain(request: Request) -> Response:
-        return await run(request, explain=True)
+        return await run(request, request.path_params["model"], None, True)
 
     return [
         Route("/v1/models", models, methods=["GET"]),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,7 +25,7 @@ from servetune.api.body import read_body
 from servetune.api.http import json_response, kserve_error_response
 from servetune.api.metrics import ApiMetrics
 from servetune.api.oip import answer_error, infer_request
-from servetune.api.types import InferenceBackend, Readiness
+from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
 from servetune.config.server import ServerConfig
 from servetune.tensors import HEADER_LENGTH, TensorError, parse_header_length, parse_request
 
@@ -61,6 +61,60 @@ async def read_inference_request(request: Request, limit: int) -> tuple[bytes, i
         raise ApiError.bad_request(str(exc)) from None
 
 
+def kserve_answer(result: InferResult, request_id: str, max_response_size: int) -> Response:
+    """A worker's answer as KServe v1 / OIP v2 REST sends it: errors as ``{"error": ...}``, an oversize answer 507."""
+    if result.status != 200:
+        return kserve_error_response(answer_error(result))
+    response = result_response(result, request_id, max_response_size)
+    if response.status_code != 200:
+        return kserve_error_response(ApiError(f"Response of {len(result.body)} bytes is too large", 507))
+    return response
+
+
+def failure_answer(readiness: Readiness, metrics: ApiMetrics | None) -> Callable[[ApiError, str | None], Response]:
+    """An error as KServe's protocols answer it, counted; a model not loaded yet while the server starts is 503."""
+
+    def failed(error: ApiError, name: str | None = None) -> Response:
+        if error.status == 404 and readiness.starting and name is not None:
+            error = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+        if metrics is not None:
+            metrics.observe_status(error.status)
+        return kserve_error_response(error)
+
+    return failed
+
+
+MakeJob = Callable[[Request, str, bool], Awaitable[InferRequest]]  # (request, request id, explain) -> the job
+
+
+def inference_runner(
+    backend: InferenceBackend,
+    config: ServerConfig,
+    metrics: ApiMetrics | None,
+    authorize: Authorize,
+    failed: Callable[[ApiError, str | None], Response],
+    make_job: MakeJob,
+) -> Callable[[Request, str, str | None, bool], Awaitable[Response]]:
+    """One KServe v1 / OIP v2 REST inference: the protocol's job from the request, run while the client is there,
+    observed, answered in the protocol's shape."""
+
+    async def run(request: Request, name: str, version: str | None, explain: bool) -> Response:
+        authorize(request, False)
+        received = time.perf_counter()
+        request_id = request.headers.get("x-request-id") or new_request_id()
+        try:
+            job = await make_job(request, request_id, explain)
+            result = await run_watched(backend, request, name, version, job)
+        except ApiError as exc:
+            return failed(exc, name)
+        except asyncio.CancelledError:
+            return Response(b"", CLIENT_GONE)
+        observe(metrics, name, version, result, received)
+        return kserve_answer(result, request_id, config.max_response_size)
+
+    return run
+
+
 def oip_routes(
     backend: InferenceBackend,
     config: ServerConfig,
@@ -68,12 +122,7 @@ def oip_routes(
     readiness: Readiness,
     authorize: Authorize,
 ) -> list[BaseRoute]:
-    def failed(error: ApiError, name: str | None = None) -> Response:
-        if error.status == 404 and readiness.starting and name is not None:
-            error = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
-        if metrics is not None:
-            metrics.observe_status(error.status)
-        return kserve_error_response(error)
+    failed = failure_answer(readiness, metrics)
 
     async def live(request: Request) -> Response:
         authorize(request, True)
@@ -112,37 +161,22 @@ def oip_routes(
             return failed(exc, name)
         return json_response({"name": name, "ready": ready}, 200 if ready else 503)
 
-    async def run(request: Request, explain: bool) -> Response:
-        authorize(request, False)
-        received = time.perf_counter()
-        name, version = target(request)
-        request_id = request.headers.get("x-request-id") or new_request_id()
+    async def v2_job(request: Request, request_id: str, explain: bool) -> InferRequest:
+        body, header_length = await read_inference_request(request, config.max_request_size)
         try:
-            body, header_length = await read_inference_request(request, config.max_request_size)
-            try:
-                parsed = parse_request(body, header_length)
-            except TensorError as exc:
-                hint = "" if header_length is not None else f" (binary data needs the {HEADER_LENGTH} header)"
-                raise ApiError.bad_request(f"{exc}{hint if 'JSON' in str(exc) else ''}") from None
-            job = infer_request(parsed, request_id, request_headers(request), explain=explain)
-            result = await run_watched(backend, request, name, version, job)
-        except ApiError as exc:
-            return failed(exc, name)
-        except asyncio.CancelledError:
-            return Response(b"", CLIENT_GONE)
-        observe(metrics, name, version, result, received)
-        if result.status != 200:
-            return kserve_error_response(answer_error(result))
-        response = result_response(result, request_id, config.max_response_size)
-        if response.status_code != 200:
-            return kserve_error_response(ApiError(f"Response of {len(result.body)} bytes is too large", 507))
-        return response
+            parsed = parse_request(body, header_length)
+        except TensorError as exc:
+            hint = "" if header_length is not None else f" (binary data needs the {HEADER_LENGTH} header)"
+            raise ApiError.bad_request(f"{exc}{hint if 'JSON' in str(exc) else ''}") from None
+        return infer_request(parsed, request_id, request_headers(request), explain=explain)
+
+    run = inference_runner(backend, config, metrics, authorize, failed, v2_job)
 
     async def infer(request: Request) -> Response:
-        return await run(request, explain=False)
+        return await run(request, *target(request), False)
 
     async def explain(request: Request) -> Response:
-        return await run(request, explain=True)
+        return await run(request, *target(request), True)
 
     routes: list[BaseRoute] = [
         Route("/v2/health/live", live, methods=["GET"]),
@@ -160,4 +194,13 @@ def oip_routes(
     return routes
 
 
-__all__ = ["EXTENSIONS", "SERVER_NAME", "decompress", "oip_routes", "read_inference_request"]
+__all__ = [
+    "EXTENSIONS",
+    "SERVER_NAME",
+    "decompress",
+    "failure_answer",
+    "inference_runner",
+    "kserve_answer",
+    "oip_routes",
+    "read_inference_request",
+]

@@ -11,6 +11,8 @@ from typing import Any
 
 import grpc
 
+from servetune._exceptions import ApiError
+from servetune.api.answers import observe
 from servetune.api.auth import TokenStore
 from servetune.api.grpc.status import refuse_token
 from servetune.api.management import Management
@@ -56,6 +58,19 @@ class Served:
         readiness = self.readiness
         return not readiness.starting and not readiness.failed and await self.backend.healthy()
 
+    async def infer(self, name: str, version: str | None, job: InferRequest) -> InferResult:
+        """One job through the backend, observed; a model not loaded yet while the server starts is 503."""
+        start = time.perf_counter()
+        try:
+            result = await self.backend.infer(name, version, job)
+        except ApiError as exc:
+            if exc.status == 404 and self.readiness.starting:
+                exc = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+            self.observe(name, version, None, exc.status, start)
+            raise exc from None
+        self.observe(name, version, result, result.status, start)
+        return result
+
     def observe(self, name: str, version: str | None, result: InferResult | None, status: int, start: float) -> None:
         metrics = self.metrics
         if metrics is None or not metrics.observing:  # the Ray driver: its replicas report what they run
@@ -63,14 +78,7 @@ class Served:
         if result is None:
             metrics.observe_status(status)
             return
-        metrics.observe_request(
-            name,
-            result.version or version or "",
-            result.status,
-            time.perf_counter() - start,
-            result.queue_ms / 1000.0,
-            result.handler_ms / 1000.0 or None,
-        )
+        observe(metrics, name, version, result, start)
 
 
 def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:

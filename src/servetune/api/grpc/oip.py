@@ -14,7 +14,6 @@ start-up models load, ModelReady of a model not registered yet is false, not NOT
 from __future__ import annotations
 
 import struct
-import time
 from typing import Any
 
 import grpc
@@ -171,15 +170,7 @@ class OipService:
         job = oip.infer_request(
             decoded, call.request_id, headers, is_disconnected=call.is_disconnected, all_binary=True
         )
-        start = time.perf_counter()
-        try:
-            result = await served.backend.infer(name, version, job)
-        except ApiError as exc:
-            if exc.status == 404 and served.readiness.starting:
-                exc = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
-            served.observe(name, version, None, exc.status, start)
-            raise exc from None
-        served.observe(name, version, result, result.status, start)
+        result = await served.infer(name, version, job)
         answer = oip.infer_response(result)
         response = InferResponse(
             model_name=name, model_version=result.version or answer.model_version or "", id=request.id

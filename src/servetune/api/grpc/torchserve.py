@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -112,16 +111,8 @@ class TorchServeInference:
         name, version = request.model_name, version_or_none(request.model_version)
         if not name:
             raise ApiError.bad_request("Parameter model_name is required.")
-        start = time.perf_counter()
         job = infer_request(context, [Input(k, None, v) for k, v in request.input.items()], on_partial=on_partial)
-        try:
-            result = await served.backend.infer(name, version, job)
-        except ApiError as exc:
-            if exc.status == 404 and served.readiness.starting:
-                exc = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
-            served.observe(name, version, None, exc.status, start)
-            raise exc from None
-        served.observe(name, version, result, result.status, start)
+        result = await served.infer(name, version, job)
         if result.status >= 300:
             raise answer_error(result)
         if len(result.body) > served.config.max_response_size:

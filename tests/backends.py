@@ -1,0 +1,36 @@
+"""The backends the shared API suites run on: native always, Ray where the ray extra is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from servetune.embedded import EmbeddedServer
+
+BACKENDS = ["native", pytest.param("ray", marks=pytest.mark.slow)]
+HAS_RAY = importlib.util.find_spec("ray") is not None
+
+
+def backend_server(
+    backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    store: Path,
+    models: dict[str, str],
+    properties: dict[str, str],
+) -> EmbeddedServer:
+    """A server (not started) of ``backend`` over ``store``; on Ray, a private local instance with room for 4 CPUs.
+    Skips the test where Ray is not installed."""
+    if backend == "ray" and not HAS_RAY:
+        pytest.skip("Ray Serve is not installed (pip install 'servetune[ray]')")
+    return EmbeddedServer(
+        store,
+        models,
+        properties,
+        workdir=tmp_path_factory.mktemp(f"server-{backend}"),
+        backend=backend,
+        ray_address="local",
+        ray_num_cpus=4,
+        startup_timeout=240,
+    )
