@@ -11,9 +11,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
-
-from servetune.archive import create_archive
+from models import handler_archive
 
 PROTOS = Path(__file__).resolve().parents[1] / "src" / "servetune" / "protos"
 
@@ -65,22 +63,8 @@ def tensor_archive(
     version: str = "1.0",
     model_config: dict[str, Any] | None = None,
 ) -> Path:
-    store.mkdir(parents=True, exist_ok=True)
-    src = store / f".src-{name}-{version}"
-    src.mkdir(exist_ok=True)
-    handler = src / "tensor_handler.py"
-    handler.write_text(TENSOR_HANDLER)
     config = {"batchSize": 4, "maxBatchDelay": 200, **(model_config or {}), "tensor": {"batch_ms": batch_ms}}
-    config_file = src / "model-config.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    return create_archive(
-        model_name=name,
-        version=version,
-        handler=str(handler),
-        config_file=str(config_file),
-        export_path=str(store),
-        force=True,
-    )
+    return handler_archive(store, name, "tensor_handler.py", TENSOR_HANDLER, config, version=version)
 
 
 def generate_stubs(out: Path) -> dict[str, ModuleType]:

@@ -13,9 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from servetune.archive import create_archive
+from models import handler_archive
 
 DOUBLER = textwrap.dedent(
     """
@@ -95,21 +93,7 @@ DOUBLER_METADATA = {
 
 
 def archive(store: Path, name: str, source: str, model_config: dict[str, Any]) -> Path:
-    store.mkdir(parents=True, exist_ok=True)
-    src = store / f".src-{name}"
-    src.mkdir(exist_ok=True)
-    handler = src / f"{name}_handler.py"
-    handler.write_text(source)
-    config_file = src / "model-config.yaml"
-    config_file.write_text(yaml.safe_dump(model_config))
-    return create_archive(
-        model_name=name,
-        version="1.0",
-        handler=str(handler),
-        config_file=str(config_file),
-        export_path=str(store),
-        force=True,
-    )
+    return handler_archive(store, name, f"{name}_handler.py", source, model_config)
 
 
 def build_store(store: Path, batch_ms: float = 60.0) -> dict[str, str]:

@@ -60,6 +60,36 @@ SLEEP_HANDLER = textwrap.dedent(
 )
 
 
+def handler_archive(
+    store: Path,
+    name: str,
+    handler_file: str,
+    source: str,
+    model_config: dict[str, Any],
+    *,
+    version: str = "1.0",
+    archive_format: str = "default",
+) -> Path:
+    """Build ``<store>/<name>.mar`` from a handler's source and its model-config.yaml (sources kept in a dot folder
+    of the store)."""
+    store.mkdir(parents=True, exist_ok=True)
+    src = store / f".src-{name}-{version}"
+    src.mkdir(exist_ok=True)
+    handler = src / handler_file
+    handler.write_text(source)
+    config_file = src / "model-config.yaml"
+    config_file.write_text(yaml.safe_dump(model_config))
+    return create_archive(
+        model_name=name,
+        version=version,
+        handler=str(handler),
+        config_file=str(config_file),
+        export_path=str(store),
+        archive_format=archive_format,
+        force=True,
+    )
+
+
 def sleep_archive(
     store: Path,
     name: str = "sleep",
@@ -71,21 +101,8 @@ def sleep_archive(
     archive_format: str = "default",
 ) -> Path:
     """Build ``<store>/<name>.mar`` whose handler sleeps ``batch_ms + item_ms * batch_size`` per batch."""
-    store.mkdir(parents=True, exist_ok=True)
-    src = store / f".src-{name}-{version}"
-    src.mkdir(exist_ok=True)
-    handler = src / "sleep_handler.py"
-    handler.write_text(SLEEP_HANDLER)
     config = {**(model_config or {})}
     config.setdefault("sleep", {}).update({"batch_ms": batch_ms, "item_ms": item_ms})
-    config_file = src / "model-config.yaml"
-    config_file.write_text(yaml.safe_dump(config))
-    return create_archive(
-        model_name=name,
-        version=version,
-        handler=str(handler),
-        config_file=str(config_file),
-        export_path=str(store),
-        archive_format=archive_format,
-        force=True,
+    return handler_archive(
+        store, name, "sleep_handler.py", SLEEP_HANDLER, config, version=version, archive_format=archive_format
     )

@@ -87,7 +87,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReadyInf
     (layout / "config" / "config.properties").write_text(CONFIG)
     store = layout / "model-store"
     archive(store, "doubler", DOUBLER, {"batch_ms": 60, "oip": DOUBLER_METADATA})
-    shutil.rmtree(store / ".src-doubler")
+    shutil.rmtree(store / ".src-doubler-1.0")
     before = tree_digest(layout)
     mount, ready = tmp / "mnt-models", tmp / "ready.json"
     mount.mkdir()

@@ -7,9 +7,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import yaml
-
-from servetune.archive import create_archive
+from models import handler_archive
 from servetune.tune.study import Config
 
 COST_HANDLER = textwrap.dedent(
@@ -48,23 +46,9 @@ COST_HANDLER = textwrap.dedent(
 
 def cost_archive(store: Path, lock_dir: Path, *, a_ms: float, b_ms: float, slots: int, name: str = "cost") -> Path:
     """Build ``<store>/<name>.mar`` with the known-cost handler."""
-    store.mkdir(parents=True, exist_ok=True)
     lock_dir.mkdir(parents=True, exist_ok=True)
-    src = store / f".src-{name}"
-    src.mkdir(exist_ok=True)
-    handler = src / "cost_handler.py"
-    handler.write_text(COST_HANDLER)
-    config_file = src / "model-config.yaml"
     cost = {"a_ms": a_ms, "b_ms": b_ms, "slots": slots, "lock_dir": str(lock_dir.resolve())}
-    config_file.write_text(yaml.safe_dump({"cost": cost}))
-    return create_archive(
-        model_name=name,
-        version="1.0",
-        handler=str(handler),
-        config_file=str(config_file),
-        export_path=str(store),
-        force=True,
-    )
+    return handler_archive(store, name, "cost_handler.py", COST_HANDLER, {"cost": cost})
 
 
 def expected_closed_loop(a_ms: float, b_ms: float, slots: int, workers: int, batch: int) -> tuple[float, float]:

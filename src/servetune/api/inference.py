@@ -112,7 +112,7 @@ def create_inference_app(
         Route("/predictions/{model}/{version}", predictions, methods=["POST", "PUT"]),
         Route("/explanations/{model}", explanations, methods=["POST", "PUT"]),
         Route("/explanations/{model}/{version}", explanations, methods=["POST", "PUT"]),
-        *protocols.http_routes(backend, config, metrics, readiness, authorize),
+        *protocols.http_routes(protocols.RestServed(backend, config, metrics, readiness, authorize)),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers())
 

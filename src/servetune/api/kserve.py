@@ -18,10 +18,8 @@ from starlette.routing import BaseRoute, Route
 
 from servetune._exceptions import ApiError
 from servetune.api.http import json_response
-from servetune.api.metrics import ApiMetrics
-from servetune.api.oip_rest import Authorize, failure_answer, inference_runner, read_inference_request
-from servetune.api.types import InferenceBackend, InferRequest, Input, Readiness
-from servetune.config.server import ServerConfig
+from servetune.api.oip_rest import RestServed, failure_answer, inference_runner, read_inference_request
+from servetune.api.types import InferRequest, Input
 from servetune.handlers.envelopes import KSERVE_V1, PROTOCOL_HEADER
 
 _DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", PROTOCOL_HEADER)
@@ -38,13 +36,8 @@ def check_v1_body(body: bytes) -> None:
         raise ApiError.bad_request('expected a JSON object {"instances": [...]} or {"inputs": [...]}')
 
 
-def kserve_routes(
-    backend: InferenceBackend,
-    config: ServerConfig,
-    metrics: ApiMetrics | None,
-    readiness: Readiness,
-    authorize: Authorize,
-) -> list[BaseRoute]:
+def kserve_routes(served: RestServed) -> list[BaseRoute]:
+    backend, config, metrics, readiness, authorize = served.parts()
     failed = failure_answer(readiness, metrics)
 
     async def models(request: Request) -> Response:
@@ -67,7 +60,7 @@ def kserve_routes(
         headers.update({PROTOCOL_HEADER: KSERVE_V1, "explain": "True" if explain else "False"})
         return InferRequest(request_id, headers, [Input("body", "application/json", body)], time.monotonic())
 
-    run = inference_runner(backend, config, metrics, authorize, failed, v1_job)
+    run = inference_runner(served, failed, v1_job)
 
     async def predict(request: Request) -> Response:
         return await run(request, request.path_params["model"], None, False)

@@ -13,6 +13,7 @@ import asyncio
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -71,6 +72,21 @@ def kserve_answer(result: InferResult, request_id: str, max_response_size: int) 
     return response
 
 
+@dataclass(frozen=True)
+class RestServed:
+    """What the KServe v1 and OIP v2 REST routes answer from; ``authorize(request, probe)`` checks the inference
+    token (``probe``: a health or metadata call, open when ``open_ping`` is set)."""
+
+    backend: InferenceBackend
+    config: ServerConfig
+    metrics: ApiMetrics | None
+    readiness: Readiness
+    authorize: Authorize
+
+    def parts(self) -> tuple[InferenceBackend, ServerConfig, ApiMetrics | None, Readiness, Authorize]:
+        return self.backend, self.config, self.metrics, self.readiness, self.authorize
+
+
 def failure_answer(readiness: Readiness, metrics: ApiMetrics | None) -> Callable[[ApiError, str | None], Response]:
     """An error as KServe's protocols answer it, counted; a model not loaded yet while the server starts is 503."""
 
@@ -88,15 +104,12 @@ MakeJob = Callable[[Request, str, bool], Awaitable[InferRequest]]  # (request, r
 
 
 def inference_runner(
-    backend: InferenceBackend,
-    config: ServerConfig,
-    metrics: ApiMetrics | None,
-    authorize: Authorize,
-    failed: Callable[[ApiError, str | None], Response],
-    make_job: MakeJob,
+    served: RestServed, failed: Callable[[ApiError, str | None], Response], make_job: MakeJob
 ) -> Callable[[Request, str, str | None, bool], Awaitable[Response]]:
     """One KServe v1 / OIP v2 REST inference: the protocol's job from the request, run while the client is there,
     observed, answered in the protocol's shape."""
+
+    backend, config, metrics, _, authorize = served.parts()
 
     async def run(request: Request, name: str, version: str | None, explain: bool) -> Response:
         authorize(request, False)
@@ -115,13 +128,8 @@ def inference_runner(
     return run
 
 
-def oip_routes(
-    backend: InferenceBackend,
-    config: ServerConfig,
-    metrics: ApiMetrics | None,
-    readiness: Readiness,
-    authorize: Authorize,
-) -> list[BaseRoute]:
+def oip_routes(served: RestServed) -> list[BaseRoute]:
+    backend, config, metrics, readiness, authorize = served.parts()
     failed = failure_answer(readiness, metrics)
 
     async def live(request: Request) -> Response:
@@ -170,7 +178,7 @@ def oip_routes(
             raise ApiError.bad_request(f"{exc}{hint if 'JSON' in str(exc) else ''}") from None
         return infer_request(parsed, request_id, request_headers(request), explain=explain)
 
-    run = inference_runner(backend, config, metrics, authorize, failed, v2_job)
+    run = inference_runner(served, failed, v2_job)
 
     async def infer(request: Request) -> Response:
         return await run(request, *target(request), False)
@@ -202,5 +210,6 @@ __all__ = [
     "inference_runner",
     "kserve_answer",
     "oip_routes",
+    "RestServed",
     "read_inference_request",
 ]

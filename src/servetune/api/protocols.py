@@ -9,25 +9,12 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from servetune.api.kserve import kserve_routes
-from servetune.api.metrics import ApiMetrics
-from servetune.api.oip_rest import Authorize, oip_routes
-from servetune.api.types import InferenceBackend, Readiness
-from servetune.config.server import ServerConfig
+from servetune.api.oip_rest import RestServed, oip_routes
 
 
-def http_routes(
-    backend: InferenceBackend,
-    config: ServerConfig,
-    metrics: ApiMetrics | None,
-    readiness: Readiness,
-    authorize: Authorize,
-) -> list[BaseRoute]:
-    """Routes of the other HTTP protocols; ``authorize(request, probe)`` checks the inference token (``probe``: a
-    health or metadata call, open when ``open_ping`` is set)."""
-    return [
-        *kserve_routes(backend, config, metrics, readiness, authorize),
-        *oip_routes(backend, config, metrics, readiness, authorize),
-    ]
+def http_routes(served: RestServed) -> list[BaseRoute]:
+    """Routes of the other HTTP protocols."""
+    return [*kserve_routes(served), *oip_routes(served)]
 
 
-__all__ = ["http_routes"]
+__all__ = ["RestServed", "http_routes"]
