@@ -14,7 +14,7 @@ from servetune._exceptions import ApiError
 from servetune.api.http import NO_CACHE_HEADERS, error_response
 from servetune.api.keepalive import CLIENT_GONE_KEY
 from servetune.api.metrics import ApiMetrics
-from servetune.api.types import InferenceBackend, InferRequest, InferResult
+from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
 
 QUEUE_HEADER = "X-Servetune-Queue-Ms"
 HANDLER_HEADER = "X-Servetune-Handler-Ms"
@@ -52,6 +52,13 @@ async def run_watched(
         return await backend.infer(name, version, job)
     finally:
         watcher.cancel()
+
+
+def while_starting(error: ApiError, name: str | None, readiness: Readiness) -> ApiError:
+    """A model not found while the server still loads its start-up models is 503 (it may be one of them), not 404."""
+    if error.status == 404 and readiness.starting and name is not None:
+        return ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+    return error
 
 
 def new_request_id() -> str:
@@ -105,5 +112,6 @@ __all__ = [
     "observe",
     "result_response",
     "run_watched",
+    "while_starting",
     "timing_headers",
 ]

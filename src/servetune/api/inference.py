@@ -16,7 +16,15 @@ from starlette.routing import Route
 
 from servetune._exceptions import ApiError
 from servetune.api import protocols
-from servetune.api.answers import CLIENT_GONE, new_request_id, observe, request_headers, result_response, run_watched
+from servetune.api.answers import (
+    CLIENT_GONE,
+    new_request_id,
+    observe,
+    request_headers,
+    result_response,
+    run_watched,
+    while_starting,
+)
 from servetune.api.auth import TokenStore
 from servetune.api.body import parse_inputs, read_body
 from servetune.api.http import error_response, exception_handlers, json_response
@@ -88,8 +96,7 @@ def create_inference_app(
         try:
             result = await infer_http(backend, request, name, version, config, request_id, explain=explain)
         except ApiError as exc:
-            if exc.status == 404 and readiness.starting:
-                exc = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+            exc = while_starting(exc, name, readiness)
             if metrics is not None:
                 metrics.observe_status(exc.status)
             return error_response(exc)

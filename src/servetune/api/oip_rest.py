@@ -21,7 +21,15 @@ from starlette.routing import BaseRoute, Route
 
 from servetune import __version__
 from servetune._exceptions import ApiError
-from servetune.api.answers import CLIENT_GONE, new_request_id, observe, request_headers, result_response, run_watched
+from servetune.api.answers import (
+    CLIENT_GONE,
+    new_request_id,
+    observe,
+    request_headers,
+    result_response,
+    run_watched,
+    while_starting,
+)
 from servetune.api.body import read_body
 from servetune.api.http import json_response, kserve_error_response
 from servetune.api.metrics import ApiMetrics
@@ -91,8 +99,7 @@ def failure_answer(readiness: Readiness, metrics: ApiMetrics | None) -> Callable
     """An error as KServe's protocols answer it, counted; a model not loaded yet while the server starts is 503."""
 
     def failed(error: ApiError, name: str | None = None) -> Response:
-        if error.status == 404 and readiness.starting and name is not None:
-            error = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+        error = while_starting(error, name, readiness)
         if metrics is not None:
             metrics.observe_status(error.status)
         return kserve_error_response(error)

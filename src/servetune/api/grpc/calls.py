@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 
 from servetune._exceptions import ApiError
-from servetune.api.answers import observe
+from servetune.api.answers import observe, while_starting
 from servetune.api.auth import TokenStore
 from servetune.api.grpc.status import refuse_token
 from servetune.api.management import Management
@@ -64,8 +64,7 @@ class Served:
         try:
             result = await self.backend.infer(name, version, job)
         except ApiError as exc:
-            if exc.status == 404 and self.readiness.starting:
-                exc = ApiError.unavailable(f"Model {name} is not loaded yet: the server is loading its start-up models")
+            exc = while_starting(exc, name, self.readiness)
             self.observe(name, version, None, exc.status, start)
             raise exc from None
         self.observe(name, version, result, result.status, start)
