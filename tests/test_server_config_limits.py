@@ -238,7 +238,11 @@ def test_management_integers_are_read_as_java_reads_them(server: RunningServer) 
     assert call("DELETE", f"{mgmt}/models/sleep").status == 200
 
 
-@pytest.mark.parametrize("name", ["a/b", "a\nb", "\u202eab", ".hidden", "a b", "-a"])
+@pytest.mark.parametrize(
+    "name",
+    ["a/b", "a\nb", "\u202eab", ".hidden", "a b", "-a"],
+    ids=["slash", "newline", "right-to-left-override", "leading-dot", "space", "leading-dash"],
+)
 def test_model_names_follow_torchserve_rule(server: RunningServer, name: str) -> None:
     status, body = register(server, f"url=sleep.mar&model_name={urllib.parse.quote(name)}")
     assert status == 400 and "invalid model name" in body["message"], body

@@ -149,7 +149,7 @@ def plan_version(
     try:
         validate_model_name(name)
     except ArchiveError as exc:
-        raise ApiError.bad_request(f"{params.url}: {exc}; register it with a model_name= that is") from None
+        raise ApiError.bad_request(f"{params.url}: {exc}") from None
     version = str(info.get("modelVersion") or "1.0")
     if params.handler:
         info["handler"] = params.handler
