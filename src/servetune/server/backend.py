@@ -100,7 +100,7 @@ class NativeBackend:
         try:
             self.registry.add(model)
         except ApiError:
-            self._forget(plan.archive)
+            await self._forget(plan.archive)
             raise
 
     def _observe_batch(self, name: str, version: str, size: int) -> None:
@@ -116,9 +116,7 @@ class NativeBackend:
         model = self.registry.get(name, version)
         self.registry.remove(model)
         await model.close(grace_s)
-        dest = self._extracted.pop(model.plan.archive, None)
-        if dest is not None:  # a model's files can be gigabytes: deleted on a thread
-            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
+        await self._forget(model.plan.archive)
 
     async def set_default(self, name: str, version: str) -> None:
         self.registry.set_default(name, version)
@@ -137,10 +135,11 @@ class NativeBackend:
         self.registry = ModelRegistry()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def _forget(self, model_dir: str) -> None:
+    async def _forget(self, model_dir: str) -> None:
+        """Delete a version's extracted files, on a thread: a model's files can be gigabytes."""
         dest = self._extracted.pop(model_dir, None)
         if dest is not None:
-            shutil.rmtree(dest, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
 
 
 __all__ = ["NativeBackend"]
