@@ -196,7 +196,7 @@ class ApiServer:
 
     async def load_startup_models(self) -> None:
         """Register every start-up model (concurrently) before saying the server is up; ``/ping`` says Unhealthy
-        meanwhile, and stays so if one fails to load."""
+        meanwhile, and stays so if one fails to load (whatever the failure: its ``failedModels`` entry says why)."""
         self.readiness.starting = True
         entries = startup_models(self.config, self.models)
 
@@ -208,6 +208,10 @@ class ApiServer:
             except ApiError as exc:
                 self.readiness.failed[name or url] = exc.message
                 say(f"ERROR: failed to load model {name or url}: {exc.message}")
+            except Exception as exc:  # never a traceback exit: the server runs, Unhealthy, naming the model
+                log.exception("start-up model %s failed to load", name or url)
+                self.readiness.failed[name or url] = f"{type(exc).__name__}: {exc}"
+                say(f"ERROR: failed to load model {name or url}: {type(exc).__name__}: {exc}")
 
         await asyncio.gather(*(load(name, url) for name, url in entries))
         registered = {(m.name, m.version) for m in self.backend.models()}

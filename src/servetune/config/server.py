@@ -245,7 +245,13 @@ class ServerConfig:
                 re.compile(pattern)
             except re.error as exc:
                 raise ConfigError(f"allowed_urls: {pattern!r} is not a valid regular expression: {exc}") from None
-        return cls(**values)
+        config = cls(**values)
+        if config.default_workers_per_model > config.max_workers_per_model:
+            raise ConfigError(
+                f"default_workers_per_model={config.default_workers_per_model} is more than "
+                f"max_workers_per_model={config.max_workers_per_model}"
+            )
+        return config
 
     def with_overrides(self, **changes: Any) -> ServerConfig:
         return replace(self, **changes)

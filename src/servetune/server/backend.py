@@ -81,13 +81,16 @@ class NativeBackend:
         plan's ``archive`` is the directory the workers load from."""
         dest = Path(tempfile.mkdtemp(prefix="archive-", dir=self._workdir))
         try:
+            # Extraction, reading and YAML parsing (and planning, which checks the files) on a thread: /ping and the
+            # other models' requests go on meanwhile.
             archive = await asyncio.to_thread(open_archive, Path(archive_path), dest)
-            plan = plan_version(self.config, archive, Path(archive_path), params, self.default_workers())
-        except ArchiveError as exc:
-            shutil.rmtree(dest, ignore_errors=True)
-            raise ApiError.bad_archive(f"Failed to open model archive {params.url}: {exc}") from None
-        except ApiError:
-            shutil.rmtree(dest, ignore_errors=True)
+            plan = await asyncio.to_thread(
+                plan_version, self.config, archive, Path(archive_path), params, self.default_workers()
+            )
+        except BaseException as exc:
+            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
+            if isinstance(exc, ArchiveError):
+                raise ApiError.bad_archive(f"Failed to open model archive {params.url}: {exc}") from None
             raise
         self._extracted[str(archive.model_dir)] = dest
         return VersionPlan(**{**plan.__dict__, "archive": str(archive.model_dir)})
@@ -97,7 +100,7 @@ class NativeBackend:
         try:
             self.registry.add(model)
         except ApiError:
-            self._forget(plan.archive)
+            await self._forget(plan.archive)
             raise
 
     def _observe_batch(self, name: str, version: str, size: int) -> None:
@@ -113,7 +116,7 @@ class NativeBackend:
         model = self.registry.get(name, version)
         self.registry.remove(model)
         await model.close(grace_s)
-        self._forget(model.plan.archive)
+        await self._forget(model.plan.archive)
 
     async def set_default(self, name: str, version: str) -> None:
         self.registry.set_default(name, version)
@@ -132,10 +135,11 @@ class NativeBackend:
         self.registry = ModelRegistry()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def _forget(self, model_dir: str) -> None:
+    async def _forget(self, model_dir: str) -> None:
+        """Delete a version's extracted files, on a thread: a model's files can be gigabytes."""
         dest = self._extracted.pop(model_dir, None)
         if dest is not None:
-            shutil.rmtree(dest, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
 
 
 __all__ = ["NativeBackend"]
