@@ -80,10 +80,11 @@ class WorkerStatus:
     status: str  # READY, STARTING, RESTARTING, CRASHED, UNLOADING
     start_time: float = 0.0  # epoch seconds
     pid: int = -1
-    memory_bytes: int = 0
+    memory_bytes: int = 0  # resident (RSS)
     gpu_id: int | None = None
     gpu_memory_bytes: int = 0
     restarts: int = 0
+    pss_bytes: int | None = None  # proportional set size: shared pages split among their processes (None: unknown)
     last_error: str = ""
     # as the worker process itself reports them (None: not known yet)
     num_threads: int | None = None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servetune._exceptions import ApiError, ArchiveError
 from servetune.api.metadata import model_metadata
-from servetune.api.metrics import ApiMetrics, ModelGauges
+from servetune.api.metrics import ApiMetrics, ModelGauges, WorkerMemoryGauges
 from servetune.api.plan import RegisterParams, VersionPlan, plan_version
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, ModelStatus, Reconfigure
 from servetune.archive import open_archive
@@ -39,8 +39,17 @@ class NativeBackend:
         self.metrics.register(
             ModelGauges(lambda: [(m.name, m.version, m.ready_workers, len(m.batcher)) for m in self.registry.all()])
         )
+        self.metrics.register(WorkerMemoryGauges(self._worker_memory))
         self._workdir = Path(tempfile.mkdtemp(prefix="servetune-models-"))
         self._extracted: dict[str, Path] = {}  # model dir -> the extraction directory to delete with it
+
+    def _worker_memory(self) -> list[tuple[str, str, str, int, int | None]]:
+        return [
+            (m.name, m.version, w.id, w.memory_bytes, w.pss_bytes)
+            for m in self.registry.all()
+            for w in m.pool.statuses()
+            if w.pid > 0
+        ]
 
     def open(self) -> None:
         """Nothing to connect to: workers start when models scale."""

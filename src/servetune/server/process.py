@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import sys
 import time
@@ -13,6 +12,7 @@ from collections.abc import Callable
 
 from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
+from servetune.hardware import process_memory
 from servetune.server.messages import LoadError, Message, Partial, Predict, Ready, Result, decode_message
 from servetune.server.protocol import ProtocolError, read_frame
 
@@ -164,14 +164,11 @@ class WorkerProcess:
         if self._reader_task is not None:
             await asyncio.gather(self._reader_task, return_exceptions=True)
 
-    def memory_bytes(self) -> int:
+    def memory(self) -> tuple[int, int | None]:
+        """(RSS, PSS) in bytes (PSS None where the kernel does not tell); (0, None) before it starts."""
         if self.pid is None:
-            return 0
-        try:
-            with open(f"/proc/{self.pid}/statm") as fh:
-                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return 0
+            return 0, None
+        return process_memory(self.pid)
 
 
 __all__ = ["WorkerProcess"]
