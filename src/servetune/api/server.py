@@ -33,6 +33,8 @@ from servetune.api.plan import RegisterParams
 from servetune.api.types import Backend, Readiness
 from servetune.config.server import Address, ServerConfig
 from servetune.ready import ReadyInfo
+from servetune.startup import CLOCK
+from servetune.startup import log as startup_log
 
 log = logging.getLogger("servetune.server")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -142,9 +144,15 @@ class ApiServer:
                 loop.add_signal_handler(sig, self.request_stop)
         tasks: list[asyncio.Task[Any]] = []
         try:
+            startup_log.debug("start-up: backend and API imports, config %.0f ms", CLOCK.lap_ms())
             tasks = self.bind()
+            startup_log.debug("start-up: HTTP APIs bound %.0f ms", CLOCK.lap_ms())
             await self.bind_grpc()
+            startup_log.debug("start-up: gRPC APIs bound %.0f ms", CLOCK.lap_ms())
             await self.load_startup_models()
+            startup_log.debug(
+                "start-up: models loaded %.0f ms; ready %.0f ms after exec", CLOCK.lap_ms(), CLOCK.since_exec_ms()
+            )
             await self._stop.wait()
         finally:
             await self.shutdown(tasks)

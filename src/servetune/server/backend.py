@@ -11,6 +11,7 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from servetune._exceptions import ApiError, ArchiveError
@@ -24,6 +25,7 @@ from servetune.hardware import detect_gpus
 from servetune.server.model import ServedModel
 from servetune.server.placement import Placement
 from servetune.server.registry import ModelRegistry
+from servetune.startup import log as startup_log
 
 
 class NativeBackend:
@@ -89,8 +91,14 @@ class NativeBackend:
         """Extract the archive into the working directory (a directory archive is used in place) and plan it; the
         plan's ``archive`` is the directory the workers load from."""
         dest = Path(tempfile.mkdtemp(prefix="archive-", dir=self._workdir))
+        started = time.perf_counter()
         try:
             archive = await asyncio.to_thread(open_archive, Path(archive_path), dest)
+            startup_log.debug(
+                "start-up: archive %s opened (extracted once for all its workers) %.0f ms",
+                Path(archive_path).name,
+                (time.perf_counter() - started) * 1000.0,
+            )
             plan = plan_version(self.config, archive, Path(archive_path), params, self.default_workers())
         except ArchiveError as exc:
             shutil.rmtree(dest, ignore_errors=True)
