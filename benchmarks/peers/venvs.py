@@ -15,6 +15,7 @@ pull another build. Nothing else of servetune's environment is visible in a peer
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import os
 import re
@@ -31,7 +32,9 @@ PINS: dict[str, list[str]] = {
     "triton": ["nvidia-pytriton==0.7.0"],
     "litserve": ["litserve==0.2.19"],
     "bentoml": ["bentoml==1.4.40", "uvloop"],
-    "mlserver": ["mlserver==1.7.1"],
+    # uvloop 0.22 made asyncio.get_event_loop() raise without a running loop: MLServer 1.7.1's workers then die at
+    # start ("There is no current event loop in thread 'MainThread'")
+    "mlserver": ["mlserver==1.7.1", "uvloop<0.22"],
     "ray": ["ray[serve]==2.60.0"],
 }
 # Every venv: the same image stack as servetune's handlers (torchvision needs them; PIL decodes the image).
@@ -103,10 +106,12 @@ def venv_python(peer: str) -> Path:
     import torchvision
 
     pins = PINS[peer]
-    tag = f"{peer}-{pins[0].split('==', 1)[-1]}-py{sys.version_info.major}.{sys.version_info.minor}"
+    digest = hashlib.sha256(" ".join([*pins, *COMMON]).encode()).hexdigest()[:8]  # other pins, another venv
+    tag = f"{peer}-{pins[0].split('==', 1)[-1]}-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
     target = cache_dir() / tag
     python = target / "bin" / "python"
     if python.exists():
+        _fix_shebangs(target)
         return python
     base = torch_base()
     building = Path(tempfile.mkdtemp(prefix=f".{tag}-", dir=cache_dir()))
@@ -121,7 +126,22 @@ def venv_python(peer: str) -> Path:
         os.replace(building, target)  # bin/python finds its site-packages from where it lies: the move is safe
     finally:
         shutil.rmtree(building, ignore_errors=True)
+    _fix_shebangs(target)
     return python
+
+
+def _fix_shebangs(venv: Path) -> None:
+    """Point the console scripts (``torchserve``, ``bentoml``, ``mlserver``) at the venv's Python where it now lies:
+    pip wrote the temporary folder's path into them."""
+    python = f"#!{venv / 'bin' / 'python'}"
+    for script in (venv / "bin").iterdir():
+        if not script.is_file() or script.is_symlink():
+            continue
+        with open(script, "rb") as fh:
+            first = fh.readline()
+        if first.startswith(b"#!") and b"/bin/python" in first and first.strip().decode() != python:
+            text = script.read_bytes()
+            script.write_bytes(python.encode() + b"\n" + text[len(first) :])
 
 
 def main() -> int:
