@@ -32,6 +32,7 @@ ROOT = HERE.parents[1]
 
 PEERS = ("torchserve", "triton", "litserve", "bentoml", "mlserver", "ray")
 SERVERS = ("servetune", *PEERS)
+ANSWERING_GRACE_S = 120.0  # a server that answers HTTP but no prediction with 200 for this long has failed
 
 
 @dataclass(frozen=True)
@@ -146,20 +147,30 @@ class Server:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        deadline = launched + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            self._remember()
-            status, last = self._try_predict()
-            if status == 200:
-                self.ready_s = time.monotonic() - launched
-                return
-            time.sleep(0.05)
+        try:
+            deadline = launched + timeout
+            last, answering = "", None  # when it first answered HTTP at all
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                self._remember()
+                status, last = self._try_predict()
+                if status == 200:
+                    self.ready_s = time.monotonic() - launched
+                    return
+                if status and answering is None:
+                    answering = time.monotonic()
+                if answering is not None and time.monotonic() - answering > ANSWERING_GRACE_S:
+                    break  # up, but failing every prediction: a broken setup, not a slow start
+                time.sleep(0.05)
+        except BaseException:  # interrupted while waiting (SIGTERM, Ctrl-C): leave nothing running
+            self.stop()
+            raise
         tail = self.log_tail()
         self.stop()
-        raise RuntimeError(f"{self.name} did not answer 200 (last: {last[:300]}):\n{tail}")
+        raise RuntimeError(
+            f"{self.name} did not answer a prediction with 200 (last: {last[:300]}); its log ends:\n{tail}"
+        )
 
     def _try_predict(self) -> tuple[int, str]:
         request = urllib.request.Request(

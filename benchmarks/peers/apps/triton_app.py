@@ -17,7 +17,8 @@ def instance() -> object:
 
     @batch
     def infer(data: np.ndarray) -> dict[str, np.ndarray]:
-        bodies = [row[0] for row in data]
+        # a BYTES tensor from JSON arrives as the bytes of its text: here the base64 of the image (or "hello")
+        bodies = [row[0].decode() if isinstance(row[0], bytes) else row[0] for row in data]
         answers = [json.dumps(a).encode() for a in model.predict(bodies)]
         return {"output": np.array(answers, dtype=object).reshape(-1, 1)}
 
