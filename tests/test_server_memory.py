@@ -117,6 +117,7 @@ def test_a_worker_whose_handler_needs_no_torch_maps_none(served: tuple[EmbeddedS
     [worker] = workers(server, "noop")
     mapped = maps(worker["pid"])
     assert "libtorch" not in mapped and "torchvision" not in mapped
+    assert "numpy" not in mapped  # TorchServe's protocol needs no tensor codec: numpy loads on a first v2 request
     # its threads are still reported (and given to torch if the handler ever imports it)
     assert worker["numThreads"] >= 1
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune.handlers.service import InputParam
-from servetune.tensors import TensorMetadata
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: a worker process imports this module (messages) and needs no numpy
     from servetune.api.metrics import ApiMetrics
     from servetune.api.plan import RegisterParams, VersionPlan
+    from servetune.tensors import TensorMetadata
 
 
 # One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name. The handler contract's
