@@ -239,9 +239,16 @@ def serving(name: str, deployment: Deployment, assets: Assets) -> Server:
     if missing:
         raise RuntimeError(missing)
     python = None if name == "servetune" else venv_python(name)
-    server = LAUNCHERS[name](deployment, assets, python)
-    server.start()
-    return server
+    for attempt in (1, 2):  # one retry: a start can fail on a race of the server's own (PyTriton's handshake)
+        server = LAUNCHERS[name](deployment, assets, python)
+        try:
+            server.start()
+            return server
+        except RuntimeError as exc:
+            if attempt == 2:
+                raise
+            print(f"  {name}: start failed, once more: {str(exc).splitlines()[0][:200]}", flush=True)
+    raise AssertionError("unreachable")
 
 
 def run_noop(name: str, assets: Assets, settings: Settings, round_: int) -> list[Row]:
