@@ -416,11 +416,19 @@ def targets(summary_rows: list[dict[str, Any]], servers: list[str]) -> list[str]
     """The issue's targets, servetune against the best peer of the same run."""
 
     def value(name: str, case: str, key: str) -> float:
-        row = next(
-            (r for r in summary_rows if r["server"] == name and r["case"] == case and r["engine"] == "async"), None
-        )
-        v = row.get(key) if row else None
-        return math.nan if v is None else float(v)
+        """A server's figure for a case; for resnet18's memory and start (the same deployment started for both of
+        its cases), the median over both cases' rows."""
+        cases = ("resnet18-c16", "resnet18-open") if case == "resnet18" else (case,)
+        values = [
+            float(r[key])
+            for r in summary_rows
+            if r["server"] == name
+            and r["case"] in cases
+            and r["engine"] == "async"
+            and r.get(key) is not None
+            and not math.isnan(float(r[key]))
+        ]
+        return statistics.median(values) if values else math.nan
 
     peers = [s for s in servers if s != "servetune"]
     out = []
@@ -450,12 +458,12 @@ def targets(summary_rows: list[dict[str, Any]], servers: list[str]) -> list[str]
     )
     check(
         "resnet18 PSS <= 0.9x lowest peer",
-        value("servetune", "resnet18-c16", "pss_mb"),
-        [value(p, "resnet18-c16", "pss_mb") for p in peers],
+        value("servetune", "resnet18", "pss_mb"),
+        [value(p, "resnet18", "pss_mb") for p in peers],
         lambda m, r: m <= 0.9 * r,
         "min",
     )
-    for case, label in (("noop-c16", "no-op"), ("resnet18-c16", "resnet18")):
+    for case, label in (("noop-c16", "no-op"), ("resnet18", "resnet18")):
         check(
             f"{label} ready <= fastest peer",
             value("servetune", case, "ready_s"),
