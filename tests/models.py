@@ -24,6 +24,8 @@ SLEEP_HANDLER = textwrap.dedent(
             cfg = context.model_yaml_config.get("sleep", {})
             if cfg.get("fail_load"):
                 raise RuntimeError("cannot load: fail_load is set")
+            if cfg.get("import_torch"):  # a model that uses torch: its threads are set as it imports it
+                import torch
             marker = cfg.get("fail_load_if_exists")
             if marker and os.path.exists(marker):
                 os._exit(4)

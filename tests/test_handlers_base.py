@@ -86,6 +86,40 @@ def test_eager_model_file_and_state_dict(tmp_path: Path) -> None:
     torch.testing.assert_close(got, expected(X))
 
 
+STORAGE_PROBE = """
+from servetune.handlers.base import BaseHandler
+
+class Probe(BaseHandler):
+    def handle(self, data, context):
+        if data and data[0].get("body") in (b"files", "files"):
+            return [[t.data_ptr() for t in self.model.state_dict().values()]]
+        return super().handle(data, context)
+"""
+
+
+def mapped_from(path: Path) -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of ``path``."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(str(path)):
+            start, end = line.split()[0].split("-")
+            ranges.append((int(start, 16), int(end, 16)))
+    return ranges
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_eager_weights_are_mapped_from_the_file_unless_config_says_not(tmp_path: Path, mmap: bool) -> None:
+    # mapped: the parameters are the file's pages (shared by every worker of the model); else a private copy
+    (eager_dir(tmp_path) / "probe.py").write_text(STORAGE_PROBE)
+    service = load(tmp_path, "probe.py", {"mmap_weights": mmap}, serializedFile="weights.pth", modelFile="model.py")
+    [reply] = service.predict([Request("f", {}, [InputParam("body", "text/plain", b"files")])])
+    ranges = mapped_from(tmp_path / "weights.pth")
+    inside = [any(a <= ptr < b for a, b in ranges) for ptr in json.loads(reply.body)]
+    assert inside and set(inside) == {mmap}
+    got = torch.tensor([json.loads(r.body) for r in service.predict([json_request(X[0]), json_request(X[1])])])
+    torch.testing.assert_close(got, expected(X))
+
+
 def test_torchscript_model(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in recent torch

@@ -72,6 +72,29 @@ class ModelGauges:
         yield queue
 
 
+class WorkerMemoryGauges:
+    """``servetune_worker_rss_bytes`` and ``servetune_worker_pss_bytes`` per worker process, read when scraped from
+    ``workers()``: (model name, version, worker id, RSS, PSS or None). PSS splits each shared page among the
+    processes mapping it (the weights workers of one model share, torch's libraries), so the PSS of all workers
+    adds up to what they really cost; RSS counts shared pages in full for each."""
+
+    def __init__(self, workers: Callable[[], list[tuple[str, str, str, int, int | None]]]) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model_name", "model_version", "worker_id"]
+        rss = GaugeMetricFamily("servetune_worker_rss_bytes", "Resident memory of a worker process", labels=labels)
+        pss = GaugeMetricFamily(
+            "servetune_worker_pss_bytes", "Proportional set size of a worker process", labels=labels
+        )
+        for name, version, worker, resident, proportional in self._workers():
+            rss.add_metric([name, version, worker], resident)
+            if proportional is not None:
+                pss.add_metric([name, version, worker], proportional)
+        yield rss
+        yield pss
+
+
 class ApiMetrics:
     """The metrics of the requests this process answers. ``observing=False``: a registry for collectors only (the
     Ray driver, which answers no prediction itself but sums its replicas' reports)."""
@@ -177,4 +200,4 @@ def create_metrics_app(metrics: ApiMetrics) -> Starlette:
     )
 
 
-__all__ = ["ApiMetrics", "ModelGauges", "create_metrics_app"]
+__all__ = ["ApiMetrics", "ModelGauges", "WorkerMemoryGauges", "create_metrics_app"]

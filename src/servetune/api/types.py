@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune.handlers.service import InputParam
-from servetune.tensors import TensorMetadata
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: a worker process imports this module (messages) and needs no numpy
     from servetune.api.metrics import ApiMetrics
     from servetune.api.plan import RegisterParams, VersionPlan
+    from servetune.tensors import TensorMetadata
 
 
 # One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name. The handler contract's
@@ -80,10 +80,11 @@ class WorkerStatus:
     status: str  # READY, STARTING, RESTARTING, CRASHED, UNLOADING
     start_time: float = 0.0  # epoch seconds
     pid: int = -1
-    memory_bytes: int = 0
+    memory_bytes: int = 0  # resident (RSS)
     gpu_id: int | None = None
     gpu_memory_bytes: int = 0
     restarts: int = 0
+    pss_bytes: int | None = None  # proportional set size: shared pages split among their processes (None: unknown)
     last_error: str = ""
     # as the worker process itself reports them (None: not known yet)
     num_threads: int | None = None

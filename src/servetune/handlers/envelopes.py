@@ -27,24 +27,18 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune.handlers.codec import error_body
 from servetune.handlers.context import Context, RequestProcessor
 from servetune.handlers.util import BadInputError
-from servetune.tensors import (
-    BINARY_PARAMETERS,
-    HEADER_LENGTH,
-    InferenceRequest,
-    InferenceResponse,
-    Tensor,
-    TensorError,
-    encode_response,
-    parse_header_length,
-    parse_request,
-)
+
+if TYPE_CHECKING:
+    from servetune.tensors import InferenceRequest, Tensor
+
+# The OIP tensor codec (servetune.tensors, numpy) is imported by the functions that use it, on a worker's first
+# v2 request: most of a worker's start-up time is numpy's import, and a handler spoken to over TorchServe's or
+# KServe v1's protocol never needs it.
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +134,8 @@ class KServeEnvelope:
 
 def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceRequest:
     """The OIP request of one row: the API's binary form, or a JSON body on TorchServe's routes."""
+    from servetune.tensors import BINARY_PARAMETERS, HEADER_LENGTH, TensorError, parse_header_length, parse_request
+
     body = _body(row)
     try:
         if isinstance(body, (dict, list)):
@@ -158,12 +154,16 @@ def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceReq
 
 
 def _handler_parameters(request: InferenceRequest) -> dict[str, Any]:
+    from servetune.tensors import BINARY_PARAMETERS
+
     return {k: v for k, v in request.parameters.items() if k not in BINARY_PARAMETERS}
 
 
 def oip_answer(request: InferenceRequest, outputs: list[Tensor], context: Context, idx: int, **extra: Any) -> bytes:
     """The REST body of a v2 answer (the outputs the request asks for, in the form it asks for); sets the request's
     content type and ``Inference-Header-Content-Length``."""
+    from servetune.tensors import HEADER_LENGTH, InferenceResponse, TensorError, encode_response
+
     info = (context.manifest or {}).get("model") or {}
     response = InferenceResponse(
         model_name=extra.get("model_name") or context.model_name,
@@ -208,6 +208,8 @@ class KServeV2Envelope:
         return items, request
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
+        from servetune.tensors import Tensor, TensorError
+
         request: InferenceRequest = state
         names = [t.name for t in request.inputs]
         outputs = []
@@ -225,11 +227,15 @@ class TensorsEnvelope:
     """``tensors`` (servetune's form of OIP v2): one ``InferenceRequest`` per request, one answer per request."""
 
     def parse(self, row: dict[str, Any], context: Context, idx: int) -> tuple[list[Any], Any]:
+        from servetune.tensors import InferenceRequest
+
         request = oip_request(row, context, idx)
         handed = InferenceRequest(request.inputs, request.id, _handler_parameters(request), request.outputs)
         return [handed], request
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
+        from servetune.tensors import InferenceResponse, Tensor, TensorError
+
         request: InferenceRequest = state
         answer = answers[0] if len(answers) == 1 else answers
         extra: dict[str, Any] = {}
@@ -259,6 +265,8 @@ class TensorsEnvelope:
 def _texts(value: Any) -> Any:
     """An answer as an array; objects in it (a dict a handler returned) become their JSON text, a valid BYTES
     element (TorchServe put the object itself in ``data``)."""
+    import numpy as np
+
     if not isinstance(value, (list, tuple, dict, str, bytes)):
         return value  # an array, a tensor, a number
     try:

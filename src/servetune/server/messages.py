@@ -123,14 +123,33 @@ class Ready:
     pid: int
     load_ms: float
     cpu: CpuSettings | None
+    # the worker's start before it loaded its model: exec to servetune's worker module (interpreter), that module's
+    # imports (0.0: not reported)
+    interpreter_ms: float = 0.0
+    imports_ms: float = 0.0
 
     def encode(self) -> bytes:
         cpu = self.cpu.to_json() if self.cpu is not None else None
-        return encode({"type": "ready", "pid": self.pid, "load_ms": self.load_ms, "cpu": cpu})
+        return encode(
+            {
+                "type": "ready",
+                "pid": self.pid,
+                "load_ms": self.load_ms,
+                "cpu": cpu,
+                "interpreter_ms": self.interpreter_ms,
+                "imports_ms": self.imports_ms,
+            }
+        )
 
     @classmethod
     def decode(cls, header: dict[str, Any], blobs: list[bytes]) -> Ready:
-        return cls(int(header["pid"]), float(header["load_ms"]), _cpu(header.get("cpu")))
+        return cls(
+            int(header["pid"]),
+            float(header["load_ms"]),
+            _cpu(header.get("cpu")),
+            float(header.get("interpreter_ms", 0.0)),
+            float(header.get("imports_ms", 0.0)),
+        )
 
 
 @dataclass(slots=True)

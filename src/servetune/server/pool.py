@@ -347,13 +347,15 @@ class WorkerPool:
         for slot in self._slots:
             w = slot.worker
             cpu = w.cpu if w is not None else None
+            rss, pss = w.memory() if w is not None else (0, None)
             out.append(
                 WorkerStatus(
                     id=w.worker_id if w is not None else slot.worker_id,
                     status=slot.status,
                     start_time=w.start_time if w is not None else 0.0,
                     pid=w.pid if w is not None and w.pid else -1,
-                    memory_bytes=w.memory_bytes() if w is not None else 0,
+                    memory_bytes=rss,
+                    pss_bytes=pss,
                     gpu_id=w.gpu_id if w is not None else None,
                     gpu_memory_bytes=w.gpu_memory_bytes if w is not None else 0,
                     restarts=slot.crashes,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import sys
 import time
@@ -13,8 +12,10 @@ from collections.abc import Callable
 
 from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
+from servetune.hardware import process_memory
 from servetune.server.messages import LoadError, Message, Partial, Predict, Ready, Result, decode_message
 from servetune.server.protocol import ProtocolError, read_frame
+from servetune.startup import log as startup_log
 
 
 class WorkerProcess:
@@ -46,6 +47,7 @@ class WorkerProcess:
     async def start(self, timeout: float) -> None:
         """Spawn the process and wait until its model is loaded."""
         loop = asyncio.get_running_loop()
+        spawned = time.perf_counter()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = await asyncio.create_subprocess_exec(
@@ -80,6 +82,19 @@ class WorkerProcess:
             raise WorkerLoadError(f"worker sent {type(message).__name__} before it was ready")
         self.load_ms = message.load_ms
         self.cpu = message.cpu
+        total = (time.perf_counter() - spawned) * 1000.0
+        startup_log.debug(
+            "start-up: model %s worker %s (pid %s) ready %.0f ms after spawn: interpreter %.0f ms, servetune imports "
+            "%.0f ms, handler import and model load %.0f ms, the rest (fork/exec, messages) %.0f ms",
+            self.spec.model_name,
+            self.worker_id,
+            self.pid,
+            total,
+            message.interpreter_ms,
+            message.imports_ms,
+            message.load_ms,
+            max(0.0, total - message.interpreter_ms - message.imports_ms - message.load_ms),
+        )
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         error: BaseException = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
@@ -164,14 +179,11 @@ class WorkerProcess:
         if self._reader_task is not None:
             await asyncio.gather(self._reader_task, return_exceptions=True)
 
-    def memory_bytes(self) -> int:
+    def memory(self) -> tuple[int, int | None]:
+        """(RSS, PSS) in bytes (PSS None where the kernel does not tell); (0, None) before it starts."""
         if self.pid is None:
-            return 0
-        try:
-            with open(f"/proc/{self.pid}/statm") as fh:
-                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return 0
+            return 0, None
+        return process_memory(self.pid)
 
 
 __all__ = ["WorkerProcess"]

@@ -22,6 +22,7 @@ from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, start_service
 from servetune.server.messages import Answer, LoadError, Partial, Predict, Ready, Result, decode_message
 from servetune.server.protocol import recv_frame
+from servetune.startup import CLOCK
 
 
 def _die_with_parent() -> None:
@@ -87,6 +88,7 @@ def _gpu_memory() -> int:
 
 
 def main(argv: list[str]) -> int:
+    imports_ms = CLOCK.lap_ms()  # since servetune was first imported: the worker's imports
     fd, raw = int(argv[1]), json.loads(argv[2])
     _die_with_parent()
     # The frontend owns shutdown: ignore Ctrl-C sent to the whole process group, exit on SIGTERM.
@@ -100,7 +102,8 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # any load failure is reported to the frontend, verbatim
         sock.sendall(LoadError(f"{type(exc).__name__}: {exc}", traceback.format_exc()).encode())
         return 1
-    sock.sendall(Ready(os.getpid(), (time.perf_counter() - start) * 1000.0, cpu_settings()).encode())
+    load_ms = (time.perf_counter() - start) * 1000.0
+    sock.sendall(Ready(os.getpid(), load_ms, cpu_settings(), CLOCK.interpreter_ms, imports_ms).encode())
     _serve(sock, service, spec)
     return 0
 
