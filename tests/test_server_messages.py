@@ -36,7 +36,8 @@ def test_result_ready_and_load_error_round_trip() -> None:
 
 
 def test_load_carries_the_whole_worker_spec() -> None:
-    spec = WorkerSpec("m", "/d", {"model": {"handler": "h.py"}}, 4, {"k": [1, "v"]}, 0, 2, 1, (0, 1), False, False, "json")
+    manifest = {"model": {"handler": "h.py"}}
+    spec = WorkerSpec("m", "/d", manifest, 4, {"k": [1, "v"]}, 0, 2, 1, (0, 1), False, False, "json")
     assert _round_trip(Load(spec).encode()) == Load(spec)
 
 

@@ -181,8 +181,11 @@ class Management:
 
         def done(t: asyncio.Task[Any]) -> None:
             self._background.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("background worker update failed: %s", t.exception())
+            error = None if t.cancelled() else t.exception()
+            if isinstance(error, ApiError) and error.status == 404:  # unregistered meanwhile: nothing left to update
+                log.info("background worker update stopped: %s", error)
+            elif error is not None:
+                log.error("background worker update failed: %s", error)
 
         task.add_done_callback(done)
 

@@ -79,6 +79,19 @@ class WorkerProcess:
             child.close()
         self.pid = self._proc.pid
         self._watch_exit(loop, self._proc)
+        try:
+            message = await self._load(loop, parent, timeout)
+        except BaseException:
+            # Whatever stopped the start (a load error, a timeout, a cancelled scale), no process is left behind.
+            self.kill()
+            if self._writer is None:
+                parent.close()
+            raise
+        self.load_ms = message.load_ms
+        self.cpu = message.cpu
+
+    async def _load(self, loop: asyncio.AbstractEventLoop, parent: socket.socket, timeout: float) -> Ready:
+        """Send the spec, wait for the worker's answer."""
         reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
         self._writer.write(Load(self.spec).encode())
         self._ready = loop.create_future()
@@ -86,7 +99,6 @@ class WorkerProcess:
         try:
             message = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except TimeoutError:
-            self.kill()
             raise WorkerTimeout(f"worker did not load its model within {timeout:g} s") from None
         except WorkerDied:
             await self.wait_reaped(5.0)
@@ -95,10 +107,8 @@ class WorkerProcess:
             await self.wait_exit(5.0)
             raise WorkerLoadError(message.message)
         if not isinstance(message, Ready):
-            self.kill()
             raise WorkerLoadError(f"worker sent {type(message).__name__} before it was ready")
-        self.load_ms = message.load_ms
-        self.cpu = message.cpu
+        return message
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         error: BaseException = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
