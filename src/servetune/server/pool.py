@@ -59,6 +59,7 @@ class WorkerPool:
         self._slots: list[WorkerSlot] = []
         self._next_slot = 0
         self._lock = asyncio.Lock()
+        self._starting: set[WorkerProcess] = set()  # workers loading their model (killed by ``close``)
         self.closed = False
 
     # ---- state -------------------------------------------------------------------------------
@@ -184,7 +185,11 @@ class WorkerPool:
         )
         worker = WorkerProcess(slot.worker_id, spec, placement.environment(threads))
         slot.status = "STARTING"
-        await worker.start(float(model.plan.startup_timeout_s))
+        self._starting.add(worker)
+        try:
+            await worker.start(float(model.plan.startup_timeout_s))
+        finally:
+            self._starting.discard(worker)
         return worker
 
     async def _slot_loop(self, slot: WorkerSlot, first: WorkerProcess | None) -> None:
@@ -369,6 +374,8 @@ class WorkerPool:
     async def close(self) -> None:
         """Stop every worker and refuse further scaling; a scale in progress stops the workers it started."""
         self.closed = True
+        for worker in list(self._starting):
+            worker.kill()  # its start fails at once; the scale that waits for it finds the pool closed
         await asyncio.gather(*(self._retire(s) for s in list(self._slots)))
 
     # ---- describe ----------------------------------------------------------------------------
