@@ -136,6 +136,29 @@ def test_triton_http_sends_an_image_binary_and_base64_into_the_image_classifier(
         client.close()
 
 
+def test_a_batch_dimension_and_several_inputs_reach_the_image_classifier_one_image_each(
+    server: EmbeddedServer,
+) -> None:
+    triton = pytest.importorskip("tritonclient.http")
+    images = [jpeg(3), jpeg(4)]
+    expected = [predictions(server, image) for image in images]
+    client = triton.InferenceServerClient(server.inference_url.removeprefix("http://"))
+    try:
+        batch = triton.InferInput("data", [2], "BYTES")  # two images in one tensor: two answers in one output
+        batch.set_data_from_numpy(np.array(images, dtype=np.object_))
+        result = client.infer("img", [batch])
+        assert result.get_response()["outputs"][0]["shape"] == [2]
+        assert [json.loads(a) for a in result.as_numpy("data")] == expected
+        pair = []  # two inputs of one image each: an output named after each input
+        for name, image in zip(("first", "second"), images, strict=True):
+            pair.append(triton.InferInput(name, [1], "BYTES"))
+            pair[-1].set_data_from_numpy(np.array([image], dtype=np.object_))
+        result = client.infer("img", pair)
+        assert [json.loads(result.as_numpy(name)[0]) for name in ("first", "second")] == expected
+    finally:
+        client.close()
+
+
 def test_triton_grpc_sends_an_image_as_raw_contents_into_the_image_classifier(
     server: EmbeddedServer, tmp_path: Path
 ) -> None:
