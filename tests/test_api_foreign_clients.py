@@ -16,18 +16,22 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from grpc_models import generate_stubs, tensor_archive
 from http_client import call
 from models import handler_archive
 from servetune.archive import create_archive
@@ -96,8 +100,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
     image_archive(store, tmp_path_factory.mktemp("src") / "img")
     handler_archive(store, "echo", "echo.py", ECHO, {})
     handler_archive(store, "loading", "echo.py", ECHO, {"load_s": 60})
+    tensor_archive(store, "stream", batch_ms=0, model_config={"batchSize": 1, "maxBatchDelay": 0})
     properties = {"default_workers_per_model": "1", "disable_token_authorization": "true", "enable_model_api": "true"}
-    with EmbeddedServer(store, {"img": "img.mar", "echo": "echo.mar"}, properties) as running:
+    models = {"img": "img.mar", "echo": "echo.mar", "stream": "stream.mar"}
+    with EmbeddedServer(store, models, properties) as running:
         yield running
 
 
@@ -209,3 +215,94 @@ def test_kserve_sdk_liveness_readiness_and_a_model_not_ready_refused_at_once(ser
     assert loading["grpc"]["infer"][:2] == ["UNAVAILABLE", not_ready]
     for refused in (loading["v1"]["predict"], loading["v2"]["infer"], loading["grpc"]["infer"]):
         assert refused[2] < 10.0, refused  # at once: the worker takes 60 s to load
+
+
+# ---- TorchServe's gRPC clients: the differences docs/torchserve-compat.md lists ----------------------
+
+COMPAT_PAGE = ROOT / "docs" / "torchserve-compat.md"
+GRPC_SECTION = "## TorchServe's gRPC APIs"
+
+
+def page_table(heading: str) -> dict[str, list[str]]:
+    """The rows of the first table under ``heading`` of the compatibility page: first cell -> the other cells."""
+    text = COMPAT_PAGE.read_text()
+    section = text[text.index(heading) :].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and the rule
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    return {row[0]: row[1:] for row in cells}
+
+
+@pytest.fixture(scope="module")
+def torchserve_grpc(server: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    pb = generate_stubs(tmp_path_factory.mktemp("stubs"))
+    inference = grpc.insecure_channel(server.grpc_inference_target)
+    management = grpc.insecure_channel(server.grpc_management_target)
+
+    class Clients:
+        stubs: dict[str, ModuleType] = pb
+        infer = pb["inference_pb2_grpc"].InferenceAPIsServiceStub(inference)
+        manage = pb["management_pb2_grpc"].ManagementAPIsServiceStub(management)
+
+    yield Clients
+    inference.close()
+    management.close()
+
+
+def grpc_call(call: Callable[[], Any]) -> tuple[str, Any]:
+    """(status code name, the answer or the error's details)."""
+    try:
+        return "OK", call()
+    except grpc.RpcError as exc:
+        return exc.code().name, exc.details()
+
+
+def test_every_grpc_difference_on_the_compat_page_is_what_the_server_does(torchserve_grpc: Any) -> None:
+    infer, manage, pb = torchserve_grpc.infer, torchserve_grpc.manage, torchserve_grpc.stubs
+    predictions, stream = pb["inference_pb2"].PredictionsRequest, infer.StreamPredictions
+
+    def predict(model: str, data: bytes) -> Any:
+        return infer.Predictions(predictions(model_name=model, input={"data": data}), timeout=60)
+
+    def stream_all(model: str, data: bytes) -> list[bytes]:
+        return [m.prediction for m in stream(predictions(model_name=model, input={"data": data}), timeout=60)]
+
+    def models(**fields: Any) -> Any:
+        return json.loads(manage.ListModels(pb["management_pb2"].ListModelsRequest(**fields), timeout=60).msg)
+
+    def described(model: str = "echo", **fields: Any) -> Any:
+        request = pb["management_pb2"].DescribeModelRequest(model_name=model, **fields)
+        return json.loads(manage.DescribeModel(request, timeout=60).msg)[0]
+
+    def register_again() -> Any:
+        return manage.RegisterModel(pb["management_pb2"].RegisterModelRequest(url="echo.mar"), timeout=60)
+
+    total = len(models()["models"])
+    checks: dict[str, Callable[[], tuple[str, Any]]] = {
+        "`Predictions` of an undecodable image (`image_classifier`)": lambda: grpc_call(lambda: predict("img", b"x")),
+        '`Predictions` with `model_name: ""`': lambda: grpc_call(lambda: predict("", b"x")),
+        "`RegisterModel` of a version already registered": lambda: grpc_call(register_again),
+        "`StreamPredictions` to an unknown model": lambda: grpc_call(lambda: stream_all("nope", b"x")),
+        "`StreamPredictions` to a handler that sends no intermediate answer": lambda: grpc_call(
+            lambda: stream_all("echo", b"[1]")
+        ),
+        "`Predictions` (unary) to a handler that streams": lambda: grpc_call(lambda: predict("stream", b"stream:2")),
+        "`ListModels` whose last page is full": lambda: grpc_call(lambda: models(limit=total)),
+        "`DescribeModel`": lambda: grpc_call(described),
+    }
+    table = page_table(GRPC_SECTION)
+    assert set(table) == set(checks), "the page's gRPC table and this test name different cases"
+    seen = {case: check() for case, check in checks.items()}
+    for case, (code, _) in seen.items():
+        documented = re.match(r"[A-Z_]+", table[case][1])
+        assert documented is not None and code == documented.group(0), (case, code, table[case][1])
+    # What the page says beyond the code:
+    assert "not a decodable image" in seen["`Predictions` of an undecodable image (`image_classifier`)"][1]
+    unary = predict("echo", b"[1]").prediction
+    assert seen["`StreamPredictions` to a handler that sends no intermediate answer"][1] == [unary]
+    assert seen["`Predictions` (unary) to a handler that streams"][1].prediction.startswith(b"done after 2")
+    assert "nextPageToken" not in seen["`ListModels` whose last page is full"][1]
+    assert models(limit=1)["nextPageToken"] == "1"  # a page that is not the last one says where the next starts
+    described_echo = seen["`DescribeModel`"][1]
+    assert "maxNumSequence" not in described_echo and "maxSequenceJobQueueSize" not in described_echo
+    # as TorchServe: a BaseHandler without describe_handle of its own gives {}
+    assert described("img", customized=True)["customizedMetadata"] == {}

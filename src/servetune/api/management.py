@@ -169,9 +169,10 @@ class Management:
         if result.status != 200:
             raise ApiError.internal(f"Describe failed for model {name}: {result.body.decode(errors='replace')}")
         try:
-            return json.loads(result.body)
+            value = json.loads(result.body) if result.body.strip() else None
         except json.JSONDecodeError:
             return result.body.decode(errors="replace")
+        return {} if value is None else value  # no metadata (a handler without describe_handle): {}, as TorchServe
 
     # ---- background work ---------------------------------------------------------------------
 
