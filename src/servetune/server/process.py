@@ -82,7 +82,10 @@ class WorkerProcess:
         try:
             message = await self._load(loop, parent, timeout)
         except BaseException:
-            # Whatever stopped the start (a load error, a timeout, a cancelled scale), no process is left behind.
+            # Whatever stopped the start (a load error, a timeout, a cancelled scale), no process is left behind, and
+            # its exit is not reported to a future nobody waits for any more.
+            if self._ready is not None and not self._ready.done():
+                self._ready.cancel()
             self.kill()
             if self._writer is None:
                 parent.close()

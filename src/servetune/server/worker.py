@@ -88,8 +88,11 @@ def _gpu_memory() -> int:
 def main(argv: list[str]) -> int:
     fd = int(argv[1])
     _die_with_parent()
-    # The frontend owns shutdown: ignore Ctrl-C sent to the whole process group, exit on SIGTERM.
+    # The frontend owns shutdown: ignore Ctrl-C and SIGTERM sent to the whole process group (a terminal, systemd's
+    # control-group stop), so that in-flight batches finish while it drains; it stops a worker by closing the socket
+    # and kills one with SIGKILL, and a worker whose frontend is gone is killed by the kernel (PDEATHSIG).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     try:
         frame = recv_frame(sock)
