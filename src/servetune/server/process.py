@@ -4,7 +4,8 @@ A worker is a fresh interpreter started with ``subprocess.Popen`` (vfork + exec 
 runs only the C code that sets up its file descriptors, and no fork handler of any library). Not asyncio's
 ``create_subprocess_exec``: under uvloop that is libuv's ``uv_spawn``, a real ``fork()`` of the frontend, which runs
 gRPC's and Python's fork handlers in a copy of a process whose gRPC threads were busy — the child then crashed
-(SIGSEGV in gRPC's ``event_engine``) before it could exec, one worker start in a few dozen beside busy gRPC servers.
+(SIGSEGV or SIGABRT in gRPC's ``event_engine``) before it could exec: 7 of 200 worker starts beside busy gRPC servers
+(``benchmarks/grpc_scaling.py``).
 Its exit is watched through a pidfd (a thread where there is none). Its :class:`WorkerSpec` goes over the socket as
 the first frame (:class:`Load`), never on its command line, which has a size limit.
 """
