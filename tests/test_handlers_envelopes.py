@@ -275,3 +275,33 @@ def test_the_tensors_form_gets_requests_and_answers_with_any_tensor_shape(tmp_pa
     wanted = v2("w", [Tensor.from_array("x", x)], outputs=[RequestedOutput("n", {"binary_data": True})])
     (answer,) = svc.predict([wanted])
     assert outputs(answer) == {"n": [1]} and answer.content_type == "application/octet-stream"
+
+
+LENGTHS = textwrap.dedent(
+    """
+    def handle(data, context):
+        if data is None:
+            return None
+        if context.model_yaml_config.get("one"):
+            return [len(data)]
+        return [{"got": row["data"] if isinstance(row["data"], str) else f"{len(row['data'])} bytes",
+                 "shape": row["shape"]} for row in data]
+    """
+)
+
+
+def test_a_bytes_tensor_of_several_elements_is_one_item_per_element_answered_in_one_output(tmp_path: Path) -> None:
+    svc = service(tmp_path, LENGTHS)
+    texts = Tensor.from_array("texts", np.array([b"a", b"bb", b"\xff"], dtype=object))
+    single = Tensor.from_array("single", np.array([b"c"], dtype=object))
+    [answer] = svc.predict([v2("r1", [texts, single])])
+    got = outputs(answer)
+    assert [json.loads(t) for t in got["texts"]] == [  # text when UTF-8, else the bytes
+        {"got": "a", "shape": [1]}, {"got": "bb", "shape": [1]}, {"got": "1 bytes", "shape": [1]}
+    ]
+    assert [json.loads(t) for t in got["single"]] == [{"got": "c", "shape": [1]}]
+    refusing = service(tmp_path, LENGTHS, {"one": True})
+    [answer] = refusing.predict([v2("r2", [texts])])
+    assert answer.status == 500
+    message = json.loads(answer.body)["message"]
+    assert "the handler answered 1 items for the 3 elements of the request's inputs" in message

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from servetune.api.types import InferRequest, Input
-from servetune.handlers.spec import CpuSettings
-from servetune.server.messages import Answer, LoadError, Predict, Ready, Result, decode_message
+from servetune.handlers.spec import CpuSettings, WorkerSpec
+from servetune.server.messages import Answer, Load, LoadError, Predict, Ready, Result, decode_message
 from servetune.server.protocol import ProtocolError, decode
 
 
@@ -33,6 +33,12 @@ def test_result_ready_and_load_error_round_trip() -> None:
     assert _round_trip(result.encode()) == result
     assert _round_trip(Ready(42, 100.0, cpu).encode()) == Ready(42, 100.0, cpu)
     assert _round_trip(LoadError("ValueError: no", "tb").encode()) == LoadError("ValueError: no", "tb")
+
+
+def test_load_carries_the_whole_worker_spec() -> None:
+    manifest = {"model": {"handler": "h.py"}}
+    spec = WorkerSpec("m", "/d", manifest, 4, {"k": [1, "v"]}, 0, 2, 1, (0, 1), False, False, "json")
+    assert _round_trip(Load(spec).encode()) == Load(spec)
 
 
 def test_malformed_messages_are_protocol_errors() -> None:

@@ -1,10 +1,12 @@
 """KServe's v1 protocol (TensorFlow Serving's REST form) on the inference port, for every backend.
 
+``GET /`` (``{"status": "alive"}``: KServe's liveness route, which its SDK's v1 ``is_server_live`` calls),
 ``GET /v1/models`` (``{"models": [names]}``), ``GET /v1/models/{name}`` (``{"name", "ready"}``; 503 when not
 ready), ``POST /v1/models/{name}:predict`` (``{"instances": [...]}`` or ``{"inputs": [...]}`` -> ``{"predictions":
 [...]}``) and ``:explain`` (the handler's explanations; 501 from a handler that has none). v1 has no versions: the
 default version answers. The worker's ``kserve`` envelope hands the handler the instances
-(``servetune.handlers.envelopes``). Errors: ``{"error": message}`` (``servetune.api.oip``).
+(``servetune.handlers.envelopes``). A request for a model that is not ready is refused at once with 503, as
+KServe's model server refuses it. Errors: ``{"error": message}`` (``servetune.api.oip``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def kserve_routes(served: RestServed) -> list[BaseRoute]:
     backend, config, metrics, readiness, authorize = served.parts()
     failed = failure_answer(readiness, metrics)
 
+    async def alive(request: Request) -> Response:
+        authorize(request, True)
+        return json_response({"status": "alive"})
+
     async def models(request: Request) -> Response:
         authorize(request, True)
         return json_response({"models": sorted({m.name for m in backend.models()})})
@@ -69,6 +75,7 @@ def kserve_routes(served: RestServed) -> list[BaseRoute]:
         return await run(request, request.path_params["model"], None, True)
 
     return [
+        Route("/", alive, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model}:predict", predict, methods=["POST"]),
         Route("/v1/models/{model}:explain", explain, methods=["POST"]),

@@ -191,9 +191,10 @@ class Management:
         if result.status != 200:
             raise ApiError.internal(f"Describe failed for model {name}: {result.body.decode(errors='replace')}")
         try:
-            return json.loads(result.body)
+            value = json.loads(result.body) if result.body.strip() else None
         except json.JSONDecodeError:
             return result.body.decode(errors="replace")
+        return {} if value is None else value  # no metadata (a handler without describe_handle): {}, as TorchServe
 
     # ---- background work ---------------------------------------------------------------------
 
@@ -203,8 +204,11 @@ class Management:
 
         def done(t: asyncio.Task[Any]) -> None:
             self._background.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("background worker update failed: %s", t.exception())
+            error = None if t.cancelled() else t.exception()
+            if isinstance(error, ApiError) and error.status == 404:  # unregistered meanwhile: nothing left to update
+                log.info("background worker update stopped: %s", error)
+            elif error is not None:
+                log.error("background worker update failed: %s", error)
 
         task.add_done_callback(done)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from servetune._exceptions import ApiError
-from servetune.api.types import InferRequest, InferResult, Input
+from servetune.api.types import InferenceBackend, InferRequest, InferResult, Input
 from servetune.handlers.envelopes import OIP_V2, PROTOCOL_HEADER
 from servetune.tensors import (
     HEADER_LENGTH,
@@ -58,6 +58,14 @@ def infer_request(
     sent["explain"] = "True" if explain else "False"
     inputs = [Input("body", "application/octet-stream", body)]
     return InferRequest(request_id, sent, inputs, time.monotonic() if arrival is None else arrival, is_disconnected)
+
+
+async def ensure_ready(backend: InferenceBackend, name: str, version: str | None) -> None:
+    """KServe's rule for an inference request: a model that is not ready (what its ready probe says: fewer than its
+    ``minWorkers`` ready, or crash-looping) is refused at once with 503 "Model with name ... is not ready." rather
+    than held until a worker comes up; ApiError 404 for an unknown model or version."""
+    if not await backend.ready(name, version):
+        raise ApiError.unavailable(f"Model with name {name} is not ready.")
 
 
 def answer_error(result: InferResult) -> ApiError:

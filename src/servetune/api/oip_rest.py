@@ -2,7 +2,8 @@
 
 ``GET /v2/health/live``, ``/v2/health/ready`` (the server's readiness, as ``/ping``: 503 while not ready), ``/v2``
 (server metadata), ``/v2/models`` (KServe's list), ``/v2/models/{name}[/versions/{version}]`` (model metadata),
-``.../ready`` (503 when not ready), ``POST .../infer`` (and ``.../explain``, as TorchServe routes it). Inference
+``.../ready`` (503 when not ready), ``POST .../infer`` (and ``.../explain``, as TorchServe routes it; both 503 at
+once for a model that is not ready, as KServe answers). Inference
 bodies are JSON or the binary tensor data extension (``Inference-Header-Content-Length``); gzip/deflate request
 bodies are accepted. Errors: ``{"error": message}`` (``servetune.api.oip``).
 """
@@ -33,7 +34,7 @@ from servetune.api.answers import (
 from servetune.api.body import read_body
 from servetune.api.http import json_response, kserve_error_response
 from servetune.api.metrics import ApiMetrics
-from servetune.api.oip import answer_error, infer_request
+from servetune.api.oip import answer_error, ensure_ready, infer_request
 from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
 from servetune.config.server import ServerConfig
 from servetune.tensors import HEADER_LENGTH, TensorError, parse_header_length, parse_request
@@ -123,6 +124,7 @@ def inference_runner(
         received = time.perf_counter()
         request_id = request.headers.get("x-request-id") or new_request_id()
         try:
+            await ensure_ready(backend, name, version)
             job = await make_job(request, request_id, explain)
             result = await run_watched(backend, request, name, version, job)
         except ApiError as exc:

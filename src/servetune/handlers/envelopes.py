@@ -6,9 +6,12 @@ The API layer tells the worker which protocol a request came in by with the head
 
 - KServe v1 -> ``kserve``: the handler gets the ``instances`` (or ``inputs``) of the request, answers one item per
   instance, and the request gets ``{"predictions": [...]}`` (``{"explanations": [...]}`` for ``:explain``).
-- OIP v2 -> ``kservev2`` (TorchServe's shape): one item per input tensor, ``{"name", "shape", "datatype", "data"}``
-  with ``data`` nested to the shape (a BYTES tensor: its first element, as text when it is UTF-8); each returned item
-  becomes an output named after the input at its index, flattened. Or ``tensors`` (servetune's form), when the
+- OIP v2 -> ``kservev2`` (TorchServe's shape, the default for every handler): one item per input tensor,
+  ``{"name", "shape", "datatype", "data"}`` with ``data`` nested to the shape (a BYTES tensor of one element: that
+  element, as text when it is UTF-8, which is what a raw-bytes handler reads as the body); each returned item becomes
+  an output named after the input at its index, flattened. A BYTES tensor of N > 1 elements (a batch dimension) is N
+  items, one per element, and its N answers one output of N elements named after it (TorchServe handed over only the
+  first element). Or ``tensors`` (servetune's form), when the
   handler (class or module) sets ``servetune_envelope = "tensors"``: one :class:`~servetune.tensors.InferenceRequest`
   per request, answered by an ``InferenceResponse``, a list of ``Tensor``, a ``{name: array}`` dict or one array.
 - TorchServe's routes -> the ``service_envelope`` configured (``body``, ``json``, ``kserve``, ``kservev2``), or none.
@@ -187,40 +190,64 @@ def oip_answer(request: InferenceRequest, outputs: list[Tensor], context: Contex
 
 
 class KServeV2Envelope:
-    """``kservev2`` (TorchServe's shape of OIP v2): one item per input tensor, one output per answer."""
+    """``kservev2`` (TorchServe's shape of OIP v2): one item per input tensor, one output per answer; a BYTES tensor of
+    several elements (a batch of images, of texts) is one item per element, answered as one output of its shape."""
 
     def parse(self, row: dict[str, Any], context: Context, idx: int) -> tuple[list[Any], Any]:
         request = oip_request(row, context, idx)
-        items = []
+        items: list[dict[str, Any]] = []
         for tensor in request.inputs:
-            item: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
-            if tensor.datatype == "BYTES":
-                first = tensor.data.reshape(-1)[0] if tensor.data.size else b""
-                try:
-                    item["data"] = first.decode("utf-8")
-                except UnicodeDecodeError:
-                    item["data"] = first
+            extra: dict[str, Any] = {"parameters": dict(tensor.parameters)} if tensor.parameters else {}
+            if tensor.datatype == "BYTES" and tensor.data.size > 1:  # a batch dimension: one item per element
+                for element in tensor.data.reshape(-1):
+                    items.append({"name": tensor.name, "shape": [1], "datatype": "BYTES", "data": _text(element)})
+                    items[-1].update(extra)
+                continue
+            if tensor.datatype == "BYTES":  # TorchServe's: the first (here the only) element, as text when UTF-8
+                data: Any = _text(tensor.data.reshape(-1)[0] if tensor.data.size else b"")
             else:
-                item["data"] = tensor.data.tolist()
-            if tensor.parameters:
-                item["parameters"] = dict(tensor.parameters)
-            items.append(item)
+                data = tensor.data.tolist()
+            items.append({"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype, "data": data})
+            items[-1].update(extra)
         return items, request
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
-        from servetune.tensors import Tensor, TensorError
-
         request: InferenceRequest = state
         names = [t.name for t in request.inputs]
-        outputs = []
-        for i, answer in enumerate(answers):
-            name = names[i] if i < len(names) else f"output-{i}"
-            try:
-                tensor = Tensor.from_array(name, _texts(answer))
-            except TensorError as exc:
-                raise BadInputError(f"the handler's answer cannot be an OIP tensor: {exc}", 500) from None
-            outputs.append(Tensor(name, tensor.datatype, (tensor.data.size,), tensor.data.reshape(-1)))
+        counts = [t.data.size if t.datatype == "BYTES" and t.data.size > 1 else 1 for t in request.inputs]
+        if max(counts, default=1) == 1:  # TorchServe's shape: answer i is output i, flattened
+            named = [(names[i] if i < len(names) else f"output-{i}", answer) for i, answer in enumerate(answers)]
+            return oip_answer(request, [_output(name, answer, flat=True) for name, answer in named], context, idx)
+        if len(answers) != sum(counts):
+            raise BadInputError(
+                f"the handler answered {len(answers)} items for the {sum(counts)} elements of the request's inputs", 500
+            )
+        outputs, pos = [], 0
+        for name, count in zip(names, counts, strict=True):
+            chunk = answers[pos : pos + count]
+            pos += count
+            outputs.append(_output(name, chunk[0], flat=True) if count == 1 else _output(name, chunk, flat=False))
         return oip_answer(request, outputs, context, idx)
+
+
+def _text(element: bytes) -> str | bytes:
+    """A BYTES element as the ``kservev2`` envelope hands it over: text when it is UTF-8, else the bytes."""
+    try:
+        return element.decode("utf-8")
+    except UnicodeDecodeError:
+        return element
+
+
+def _output(name: str, answer: Any, *, flat: bool) -> Tensor:
+    """An answer as output ``name``: flattened (one answer), or in its own shape (the answers to the elements of a
+    BYTES input: a list, one per element)."""
+    from servetune.tensors import Tensor, TensorError
+
+    try:
+        tensor = Tensor.from_array(name, _texts(answer))
+    except TensorError as exc:
+        raise BadInputError(f"the handler's answer cannot be an OIP tensor: {exc}", 500) from None
+    return Tensor(name, tensor.datatype, (tensor.data.size,), tensor.data.reshape(-1)) if flat else tensor
 
 
 class TensorsEnvelope:

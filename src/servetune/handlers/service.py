@@ -21,7 +21,7 @@ from servetune._exceptions import HandlerError
 from servetune.handlers.codec import UnsupportedOutputError, decode_value, encode_value, error_body
 from servetune.handlers.compat import install_ts_alias
 from servetune.handlers.context import Context, RequestProcessor
-from servetune.handlers.envelopes import with_envelopes
+from servetune.handlers.envelopes import PROTOCOL_HEADER, with_envelopes
 from servetune.handlers.loader import EntryPoint, forget_shadowed_modules, import_handler_module, resolve_entry_point
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
@@ -117,7 +117,9 @@ class Service:
                 )
                 # decoded afresh: the failed call may have mutated its input
                 return [response for r in requests for response in self._run([r], [self._decode_request(r)])]
-            return [_exception_response(exc)]
+            # KServe's clients get the handler's error, as KServe's model server answers; TorchServe's routes keep
+            # TorchServe's bare "Prediction failed".
+            return [_exception_response(exc, detail=PROTOCOL_HEADER in requests[0].headers)]
         if not isinstance(ret, list):
             logger.warning("model: %s, Invalid return type: %s.", ctx.model_name, type(ret))
             return [error_response(503, "Invalid model predict output") for _ in requests]
@@ -156,7 +158,7 @@ def _request_headers(request: Request) -> dict[str, Any]:
     return headers
 
 
-def _exception_response(exc: Exception) -> Response:
+def _exception_response(exc: Exception, detail: bool = False) -> Response:
     if isinstance(exc, PredictionException):
         logger.error("Prediction error", exc_info=exc)
         code = exc.error_code if isinstance(exc.error_code, int) and 100 <= exc.error_code <= 599 else 500
@@ -169,7 +171,7 @@ def _exception_response(exc: Exception) -> Response:
         logger.error("CUDA out of memory", exc_info=exc)
         return error_response(507, "Out of resources")
     logger.warning("Invoking custom service failed.", exc_info=exc)
-    return error_response(503, "Prediction failed")
+    return error_response(503, f"Prediction failed: {type(exc).__name__}: {exc}" if detail else "Prediction failed")
 
 
 def load_service(

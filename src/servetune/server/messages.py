@@ -1,6 +1,7 @@
 """The frontend <-> worker messages, typed: what each side may send and every field it carries.
 
-    frontend -> worker   Predict   a batch (requests with their inputs), the batch size and CPU settings to use
+    frontend -> worker   Load      the model to load and how (the WorkerSpec): the first frame, once
+                         Predict   a batch (requests with their inputs), the batch size and CPU settings to use
     worker -> frontend   Ready     the model loaded (pid, load time, CPU settings as applied)
                          LoadError the model could not load (the handler's message and traceback)
                          Partial   one intermediate answer to one request of the running batch (the handler
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.api.types import InferRequest, Input
-from servetune.handlers.spec import CpuSettings
+from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.server.protocol import ProtocolError, encode
 
 
@@ -25,6 +26,20 @@ def _cpu(raw: dict[str, Any] | None) -> CpuSettings | None:
     if not raw:
         return None
     return CpuSettings(int(raw["num_threads"]), int(raw["inter_op_threads"]), tuple(raw["cpu_cores"]))
+
+
+@dataclass(slots=True)
+class Load:
+    """What the worker loads (sent over the socket: a spec can be larger than a command line may be)."""
+
+    spec: WorkerSpec
+
+    def encode(self) -> bytes:
+        return encode({"type": "load", "spec": self.spec.to_json()})
+
+    @classmethod
+    def decode(cls, header: dict[str, Any], blobs: list[bytes]) -> Load:
+        return cls(WorkerSpec.from_json(header["spec"]))
 
 
 @dataclass(slots=True)
@@ -165,8 +180,9 @@ class LoadError:
         return cls(str(header.get("message", "unknown error")), str(header.get("traceback", "")))
 
 
-Message = Predict | Result | Partial | Ready | LoadError
+Message = Load | Predict | Result | Partial | Ready | LoadError
 _TYPES: dict[str, Any] = {
+    "load": Load,
     "predict": Predict,
     "result": Result,
     "partial": Partial,
@@ -186,4 +202,4 @@ def decode_message(header: dict[str, Any], blobs: list[bytes]) -> Message:
     return message
 
 
-__all__ = ["Answer", "LoadError", "Message", "Partial", "Predict", "Ready", "Result", "decode_message"]
+__all__ = ["Answer", "Load", "LoadError", "Message", "Partial", "Predict", "Ready", "Result", "decode_message"]

@@ -170,7 +170,7 @@ class OipService:
         job = oip.infer_request(
             decoded, call.request_id, headers, is_disconnected=call.is_disconnected, all_binary=True
         )
-        result = await served.infer(name, version, job)
+        result = await served.infer(name, version, job, require_ready=True)
         answer = oip.infer_response(result)
         response = InferResponse(
             model_name=name, model_version=result.version or answer.model_version or "", id=request.id
