@@ -20,9 +20,9 @@ from servetune._exceptions import ApiError
 from servetune.api.http import json_response
 from servetune.api.oip_rest import RestServed, failure_answer, inference_runner, read_inference_request
 from servetune.api.types import InferRequest, Input
-from servetune.handlers.envelopes import KSERVE_V1, PROTOCOL_HEADER
+from servetune.handlers.control import KSERVE_V1, Control
 
-_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", PROTOCOL_HEADER)
+_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding")
 
 
 def check_v1_body(body: bytes) -> None:
@@ -57,8 +57,9 @@ def kserve_routes(served: RestServed) -> list[BaseRoute]:
         body, _ = await read_inference_request(request, config.max_request_size)
         check_v1_body(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_HEADERS}
-        headers.update({PROTOCOL_HEADER: KSERVE_V1, "explain": "True" if explain else "False"})
-        return InferRequest(request_id, headers, [Input("body", "application/json", body)], time.monotonic())
+        inputs = [Input("body", "application/json", body)]
+        control = Control(KSERVE_V1, explain=explain)  # :predict and :explain never share a handler call
+        return InferRequest(request_id, headers, inputs, time.monotonic(), control=control)
 
     run = inference_runner(served, failed, v1_job)
 

@@ -1,8 +1,9 @@
 """Request envelopes: how a handler sees a KServe v1 or Open Inference Protocol v2 request, and how its answer is
 wrapped back (TorchServe's ``ts/torch_handler/request_envelope``, without its first-request-only bug).
 
-The API layer tells the worker which protocol a request came in by with the header ``x-servetune-protocol``
-(:data:`KSERVE_V1`, :data:`OIP_V2`; absent on TorchServe's own routes). The envelope is chosen per request:
+The API layer tells the worker which protocol a request came in by in its typed control
+(``servetune.handlers.control``: :data:`KSERVE_V1`, :data:`OIP_V2`, ``TORCHSERVE`` on TorchServe's own routes), never
+in a header a client could send. The envelope is chosen per request:
 
 - KServe v1 -> ``kserve``: the handler gets the ``instances`` (or ``inputs``) of the request, answers one item per
   instance, and the request gets ``{"predictions": [...]}`` (``{"explanations": [...]}`` for ``:explain``).
@@ -33,6 +34,7 @@ import numpy as np
 
 from servetune.handlers.codec import error_body
 from servetune.handlers.context import Context, RequestProcessor
+from servetune.handlers.control import KSERVE_V1, OIP_METADATA, OIP_V2
 from servetune.handlers.util import BadInputError
 from servetune.tensors import (
     BINARY_PARAMETERS,
@@ -48,10 +50,6 @@ from servetune.tensors import (
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_HEADER = "x-servetune-protocol"
-KSERVE_V1 = "kserve-v1"
-OIP_V2 = "oip-v2"
-OIP_METADATA = "oip-metadata"  # not a prediction: the handler's ``model_metadata()``, answered without ``handle``
 SERVICE_ENVELOPES = ("body", "json", "kserve", "kservev2")  # TorchServe's ``service_envelope`` values
 FORM_ATTRIBUTE = "servetune_envelope"  # on the handler class or module: "tensors" for servetune's form of v2
 
@@ -134,7 +132,7 @@ class KServeEnvelope:
         return instances, None
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
-        key = "explanations" if context.get_request_header(idx, "explain") == "True" else "predictions"
+        key = "explanations" if context.get_request_control(idx).explain else "predictions"
         return {key: answers}
 
 
@@ -328,9 +326,10 @@ class Envelopes:
         """Requests by envelope, in order of first appearance; None: no request needs one."""
         keys: dict[str, list[int]] = {}
         for i in range(size):
-            if context.get_request_header(i, "describe") == "True":
+            control = context.get_request_control(i)
+            if control.describe:
                 return None
-            protocol = context.get_request_header(i, PROTOCOL_HEADER)
+            protocol = control.protocol
             key = {KSERVE_V1: "kserve", OIP_V2: self.v2, OIP_METADATA: OIP_METADATA}.get(protocol, self.default)
             keys.setdefault(key or "", []).append(i)
         if list(keys) == [""]:
@@ -437,7 +436,6 @@ __all__ = [
     "KSERVE_V1",
     "OIP_METADATA",
     "OIP_V2",
-    "PROTOCOL_HEADER",
     "SERVICE_ENVELOPES",
     "Envelopes",
     "handler_metadata",

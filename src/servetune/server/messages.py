@@ -1,6 +1,7 @@
 """The frontend <-> worker messages, typed: what each side may send and every field it carries.
 
-    frontend -> worker   Predict   a batch (requests with their inputs), the batch size and CPU settings to use
+    frontend -> worker   Predict   a batch (requests with their inputs and typed control: protocol, explain,
+                                   describe), the batch size and CPU settings to use
     worker -> frontend   Ready     the model loaded (pid, load time, CPU settings as applied)
                          LoadError the model could not load (the handler's message and traceback)
                          Partial   one intermediate answer to one request of the running batch (the handler
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.api.types import InferRequest, Input
+from servetune.handlers.control import Control
 from servetune.handlers.spec import CpuSettings
 from servetune.server.protocol import ProtocolError, encode
 
@@ -36,7 +38,12 @@ class Predict:
 
     def encode(self) -> bytes:
         items = [
-            {"id": r.request_id, "headers": r.headers, "inputs": [[i.name, i.content_type] for i in r.inputs]}
+            {
+                "id": r.request_id,
+                "headers": r.headers,
+                "inputs": [[i.name, i.content_type] for i in r.inputs],
+                "control": r.control.to_json(),
+            }
             for r in self.requests
         ]
         header = {
@@ -57,6 +64,7 @@ class Predict:
                 item.get("headers") or {},
                 [Input(name, ctype, next(data)) for name, ctype in item["inputs"]],
                 0.0,
+                control=Control.from_json(item["control"]),
             )
             for item in header["batch"]
         ]
