@@ -28,6 +28,7 @@ from servetune.tensors import (
     InferenceRequest,
     InferenceResponse,
     TensorError,
+    TensorLimitError,
     encode_request,
     parse_header_length,
     parse_response,
@@ -59,6 +60,13 @@ def infer_request(
     return InferRequest(request_id, sent, inputs, arrived, is_disconnected, control=Control(OIP_V2, explain=explain))
 
 
+def tensor_error(exc: TensorError, hint: str = "") -> ApiError:
+    """A request's tensor error as the protocol's: 413 over a limit (gRPC RESOURCE_EXHAUSTED), else 400."""
+    if isinstance(exc, TensorLimitError):
+        return ApiError(str(exc), 413, "RequestEntityTooLargeException")
+    return ApiError.bad_request(f"{exc}{hint}")
+
+
 def answer_error(result: InferResult) -> ApiError:
     """A worker's error answer (TorchServe's ``{"code", "type", "message"}``) as the protocol's error: the handler's
     4xx and 501 kept, the server's 503/504 kept, any other failure a 500 inference error."""
@@ -87,4 +95,4 @@ def error_payload(error: ApiError) -> dict[str, str]:
     return {"error": error.message}
 
 
-__all__ = ["KEEP_STATUS_TYPES", "answer_error", "error_payload", "infer_request", "infer_response"]
+__all__ = ["KEEP_STATUS_TYPES", "answer_error", "error_payload", "infer_request", "infer_response", "tensor_error"]

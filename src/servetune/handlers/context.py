@@ -13,6 +13,7 @@ from typing import Any
 
 from servetune.handlers.control import DEFAULT, Control
 from servetune.handlers.metrics import MetricsCache
+from servetune.tensors import DEFAULT_LIMITS, TensorLimits
 
 __all__ = ["Context", "RequestProcessor"]
 
@@ -94,6 +95,8 @@ class Context:
         self.cl_socket: Any = None
         # servetune's worker sets this: (request id, status, body, content type) of one intermediate answer
         self.partial_sink: Callable[[str, int, bytes, str | None], None] | None = None
+        # servetune's: what one tensor of an OIP request may claim (the server's max_tensor_* keys)
+        self.tensor_limits: TensorLimits = DEFAULT_LIMITS
         self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
         self.header_key_sequence_start = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
         self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")

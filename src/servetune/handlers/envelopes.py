@@ -27,6 +27,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -43,6 +44,7 @@ from servetune.tensors import (
     InferenceResponse,
     Tensor,
     TensorError,
+    TensorLimitError,
     encode_response,
     parse_header_length,
     parse_request,
@@ -147,9 +149,10 @@ def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceReq
         if not isinstance(body, (bytes, bytearray)):
             raise TensorError("the body is empty")
         header = context.get_request_header(idx, HEADER_LENGTH)
-        request = parse_request(body, parse_header_length(header if isinstance(header, str) else None))
+        length = parse_header_length(header if isinstance(header, str) else None)
+        request = parse_request(body, length, context.tensor_limits)
     except TensorError as exc:
-        raise BadInputError(str(exc)) from None
+        raise BadInputError(str(exc), 413 if isinstance(exc, TensorLimitError) else 400) from None
     for tensor in request.inputs:
         tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in BINARY_PARAMETERS}
     return request
@@ -406,11 +409,15 @@ class Envelopes:
 
 
 def _reject(processor: RequestProcessor, request_id: str | None, exc: BadInputError) -> bytes:
-    code = exc.error_code if isinstance(exc.error_code, int) else 400
-    processor.report_status(code, "Bad Request" if code == 400 else "Internal Server Error")
+    code = exc.error_code if isinstance(exc.error_code, int) and 400 <= exc.error_code <= 599 else 400
+    processor.report_status(code, HTTPStatus(code).phrase if code in _STATUSES else "Error")
     processor.add_response_property("content-type", "application/json")
     message = f"request {request_id}: {exc.message}" if request_id else exc.message
-    return error_body(code, exc.error_type if code == 400 else "InternalServerException", message)
+    kind = "RequestEntityTooLargeException" if code == 413 else exc.error_type
+    return error_body(code, kind if code < 500 else "InternalServerException", message)
+
+
+_STATUSES = frozenset(s.value for s in HTTPStatus)
 
 
 def handler_metadata(owner: Any) -> Any:

@@ -30,6 +30,7 @@ from servetune.handlers.envelopes import with_envelopes
 from servetune.handlers.loader import EntryPoint, forget_shadowed_modules, import_handler_module, resolve_entry_point
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
+from servetune.tensors import TensorLimits
 
 __all__ = ["InputParam", "Request", "Response", "Service", "load_service"]
 
@@ -204,6 +205,7 @@ def load_service(
     limit_max_image_pixels: bool = True,
     decode_input_request: bool = True,
     service_envelope: str | None = None,
+    tensor_limits: TensorLimits | None = None,
 ) -> Service:
     """Import the handler named by ``manifest["model"]["handler"]`` and initialise it. Its entry point is wrapped by
     the request envelopes (``servetune.handlers.envelopes``: KServe v1 / OIP v2 requests, ``service_envelope``).
@@ -230,6 +232,8 @@ def load_service(
         MetricsCache(model_name),
         model_yaml_config,
     )
+    if tensor_limits is not None:
+        context.tensor_limits = tensor_limits
     try:
         forget_shadowed_modules(model_dir)
         module, function_name = import_handler_module(handler, model_dir)
