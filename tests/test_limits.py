@@ -322,3 +322,22 @@ def test_ping_stays_responsive_under_heavy_requests(server: EmbeddedServer) -> N
         latencies = ping_latencies(server.inference_url, attack)
         median, worst = statistics.median(latencies), max(latencies)
         assert median < 0.25 and worst < 1.0, (attack.__name__, len(latencies), median, worst)
+
+
+def test_grpc_bounds_metadata_and_decompressed_messages(server: EmbeddedServer) -> None:
+    """gRPC's own limits, kept (docs/limits.md): metadata over 16 KiB, a message over max_request_size once
+    decompressed: RESOURCE_EXHAUSTED."""
+    method = methods(OIP)["ModelInfer"]
+    bomb = method.request(model_name="probe")
+    bomb.inputs.add(name="x", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"0" * 20_000_000)
+    small = method.request(model_name="probe")
+    small.inputs.add(name="x", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    with grpc.insecure_channel(server.grpc_inference_target) as channel:
+        stub = channel.unary_unary(method.path, request_serializer=method.request.SerializeToString,
+                                   response_deserializer=method.response.FromString)
+        for request, options in ((bomb, {"compression": grpc.Compression.Gzip}),
+                                 (small, {"metadata": (("x-big", "a" * 100_000),)})):
+            with pytest.raises(grpc.RpcError) as info:
+                stub(request, timeout=60, **options)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert stub(small, timeout=60).outputs[0].name == "x"

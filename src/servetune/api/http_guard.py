@@ -34,6 +34,10 @@ from uvicorn.server import ServerState
 from servetune.api.keepalive import KeepAliveHttpToolsProtocol
 
 SLICE = 8192
+# After a refusal, what the client still sends is read and dropped for a while before the connection closes (as
+# nginx's lingering close): closing a socket with unread data sends a reset, which can destroy the answer in flight.
+LINGER_S = 2.0
+LINGER_BYTES = 64 * 1024 * 1024
 _REASONS = {
     408: "Request Timeout",
     414: "URI Too Long",
@@ -103,6 +107,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         self._lines = 0  # finished lines of this head (the request line, then one per header)
         self._refused: tuple[int, str] | None = None  # set by a parser callback that refuses the request
         self._head_timer: asyncio.TimerHandle | None = None
+        self._lingering = -1  # bytes dropped since the refusal; -1: not refused
 
     # ---- the connection ------------------------------------------------------------------------------------------
 
@@ -115,6 +120,11 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering >= 0:  # refused: drop what still arrives, within bounds
+            self._lingering += len(data)
+            if self._lingering > LINGER_BYTES:
+                self.transport.close()
+            return
         view = memoryview(data)
         while len(view):
             if not self._in_head:
@@ -201,9 +211,15 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         self._cancel_head_timer()
         self._in_head = False
-        if not self.transport.is_closing():
-            self.transport.write(refusal(status, message, getattr(self, "url", b"")))
+        if self.transport.is_closing():
+            return
+        self.transport.write(refusal(status, message, getattr(self, "url", b"")))
+        if not self.transport.can_write_eof():
             self.transport.close()
+            return
+        self.transport.write_eof()  # the answer, then FIN; the client's further bytes are dropped until it closes
+        self._lingering = 0
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
