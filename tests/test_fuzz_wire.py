@@ -167,7 +167,7 @@ def test_oip_binary_requests(server: EmbeddedServer, body: dict[str, Any], tail:
     oip_post(server, head + tail, headers)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=60)
 @given(body=st.binary(max_size=200))
 def test_arbitrary_bytes_to_every_inference_route(server: EmbeddedServer, body: bytes) -> None:
     for path, allowed in (("/v2/models/probe/infer", REST_OK), ("/v1/models/probe:predict", {200, 400}),

@@ -11,11 +11,9 @@ numpy's reshape does, for TorchServe's own samples). Binary data is little-endia
 byte; a BYTES element is a 4-byte little-endian length then its bytes. Every error is a :class:`TensorError` whose
 message names the tensor and what was expected: a server answers it 400.
 
-Limits (:class:`TensorLimits`, the server's ``max_tensor_*`` keys) are checked on a tensor's shape before any of its
-data is decoded: its dimensions, its elements, and what an empty tensor's nested form would hold (``[10000000, 0]``
-has no element but is ten million empty lists to a handler). Over a limit: :class:`TensorLimitError` (a server
-answers 413). JSON is strict: ``NaN`` and ``Infinity`` are not JSON, and a number a datatype cannot hold (FP16
-``1e10``) is refused rather than made infinite.
+Limits (``servetune.tensor_limits``, the server's ``max_tensor_*`` keys) are checked on a tensor's shape before any
+of its data is decoded; over one: ``TensorLimitError`` (a server answers 413). JSON is strict: ``NaN`` and
+``Infinity`` are not JSON, and a number a datatype cannot hold (FP16 ``1e10``) is refused rather than made infinite.
 """
 
 from __future__ import annotations
@@ -28,6 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from servetune.tensor_limits import (
+    DEFAULT_LIMITS,
+    NO_LIMITS,
+    TensorError,
+    TensorLimitError,
+    TensorLimits,
+    strict_json,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # the binary extension's header: the JSON part's length in bytes
 BINARY_PARAMETERS = ("binary_data_size", "binary_data", "binary_data_output")  # the extension's own parameters
@@ -53,55 +60,6 @@ _WIRE_SIZE = {name: (2 if name == "BF16" else dtype.itemsize) for name, dtype in
 _BY_DTYPE = {dtype: name for name, dtype in _DTYPES.items() if name not in ("BF16", "BYTES")}
 _LENGTH = struct.Struct("<I")
 _BF16_OVERFLOW = 3.3961775292304e38  # float32 values from here on round to bfloat16's infinity
-
-
-class TensorError(ValueError):
-    """A tensor, or a request or response holding it, is invalid (a server answers it 400)."""
-
-
-class TensorLimitError(TensorError):
-    """A tensor is over one of the server's :class:`TensorLimits` (a server answers it 413)."""
-
-
-@dataclass(frozen=True)
-class TensorLimits:
-    """What one tensor of a request may claim (docs/limits.md): checked on its shape, before its data is decoded."""
-
-    max_elements: int = 16_777_216  # elements, a 0 dimension counted as 1 (what numpy must be able to build)
-    max_dims: int = 32
-    max_empty_span: int = 65536  # an empty tensor's dimensions multiplied, each 0 counted as 1
-
-    def check(self, name: str, shape: Sequence[int]) -> None:
-        """Raise TensorError for a shape that is not a list of sizes (``-1``: inferred), TensorLimitError for one
-        over a limit."""
-        if len(shape) > self.max_dims:
-            raise TensorLimitError(
-                f"input {name!r}: {len(shape)} dimensions, more than max_tensor_dims ({self.max_dims})"
-            )
-        span = 1
-        for d in shape:
-            if not _is_int(d) or d < -1:
-                raise TensorError(f"input {name!r}: shape {_short(shape)}: expected sizes >= 0 (one may be -1)")
-            span *= max(d, 1)
-        if span > self.max_elements:
-            raise TensorLimitError(
-                f"input {name!r}: shape {_short(shape)} holds {span} elements, more than max_tensor_elements "
-                f"({self.max_elements})"
-            )
-        if 0 in shape and span > self.max_empty_span:
-            raise TensorLimitError(
-                f"input {name!r}: the empty shape {_short(shape)} spans {span} entries, more than "
-                f"max_empty_tensor_span ({self.max_empty_span})"
-            )
-
-
-NO_LIMITS = TensorLimits(2**62, 64, 2**62)  # numpy's own bounds: what a response may hold
-DEFAULT_LIMITS = TensorLimits()
-
-
-def _short(shape: Sequence[Any]) -> str:
-    text = str(list(shape))
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
@@ -356,15 +314,6 @@ def split_body(body: bytes | bytearray | memoryview, header_length: int | None) 
     if not isinstance(header, dict):
         raise TensorError(f"the body must be a JSON object, got {type(header).__name__}")
     return header, view[header_length:]
-
-
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON (send such values in binary)")
-
-
-def strict_json(text: bytes | str) -> Any:
-    """``json.loads`` without Python's extensions: ``NaN``, ``Infinity`` and ``-Infinity`` are refused."""
-    return json.loads(text, parse_constant=_not_json)
 
 
 _MAX_LENGTH_DIGITS = 18  # more than any body a server accepts, and int() never sees thousands of digits

@@ -9,7 +9,8 @@ checks):
 
 - the request line and each header line at most ``line`` bytes, the whole head at most ``size`` bytes, at most
   ``count`` headers: else **431** Request Header Fields Too Large (414 URI Too Long for the request line), sent
-  before the rest of the head is read, and the connection closed;
+  before the rest of the head is read; then the connection closes (what the client still sends is dropped for up to
+  :data:`LINGER_S` first, so that a reset does not destroy the answer);
 - the head finished within ``timeout_s`` of the connection opening (first request) or of its first byte (later
   requests on a kept-alive connection): else **408** Request Timeout (or a plain close when nothing was sent);
 - ``Transfer-Encoding`` other than ``chunked``: **501** Not Implemented (RFC 9112 section 6.1; a gzip transfer
@@ -151,6 +152,17 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
     def _count(self, raw: bytes) -> tuple[int, str] | None:
         """Account for a slice of the head before it is parsed: the refusal when it passes a limit, else None."""
         limits = self.limits
+        if self._head_bytes == 0:  # the common case, a whole head in one read: checked at C speed
+            end = raw.find(b"\r\n\r\n")
+            if end >= 0:
+                lines = raw[:end].split(b"\r\n")
+                if (
+                    end + 4 <= limits.size
+                    and len(lines) - 1 <= limits.count
+                    and max(map(len, lines)) + 1 <= limits.line
+                ):
+                    self._head_bytes = end + 4
+                    return None
         start = 0
         while True:
             newline = raw.find(b"\n", start)

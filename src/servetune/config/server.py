@@ -17,7 +17,7 @@ from typing import Any
 
 from servetune._exceptions import ConfigError
 from servetune.config.properties import read_properties
-from servetune.tensors import TensorLimits
+from servetune.tensor_limits import TensorLimits
 
 log = logging.getLogger("servetune.config")
 

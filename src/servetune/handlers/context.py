@@ -13,7 +13,7 @@ from typing import Any
 
 from servetune.handlers.control import DEFAULT, Control
 from servetune.handlers.metrics import MetricsCache
-from servetune.tensors import DEFAULT_LIMITS, TensorLimits
+from servetune.tensor_limits import DEFAULT_LIMITS, TensorLimits
 
 __all__ = ["Context", "RequestProcessor"]
 

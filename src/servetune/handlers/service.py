@@ -30,7 +30,7 @@ from servetune.handlers.envelopes import with_envelopes
 from servetune.handlers.loader import EntryPoint, forget_shadowed_modules, import_handler_module, resolve_entry_point
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
-from servetune.tensors import TensorLimits
+from servetune.tensor_limits import TensorLimits
 
 __all__ = ["InputParam", "Request", "Response", "Service", "load_service"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.handlers.service import Service, load_service
-from servetune.tensors import TensorLimits
+from servetune.tensor_limits import TensorLimits
 
 
 @dataclass(frozen=True)
