@@ -360,7 +360,9 @@ def report(results: collections.Counter[str]) -> bool:
         kind, outcome = key.split(" ", 1)
         by_kind[kind][outcome] += count
     answered = sum(count for key, count in results.items() if not key.endswith((" hung", " lost")))
-    print(f"sent {sent}, answered {answered}, worker kills {kills}")
+    exits = sum(by_kind["exit"].values())
+    print(f"sent {sent}, answered {answered}, worker kills {kills} (SIGKILL) + {exits} exit requests (each kills the "
+          "worker running it)")
     for kind, outcomes in sorted(by_kind.items()):
         print(f"  {kind:24s} " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
     hung = sum(o["hung"] for o in by_kind.values())
