@@ -16,6 +16,7 @@ import torch
 
 from servetune._exceptions import HandlerError
 from servetune.handlers import InputParam, Request, Service, load_service, uninstall_ts_alias
+from servetune.handlers.control import Control
 from servetune.handlers.metrics import MetricTypes
 
 LINEAR_SOURCE = """
@@ -257,7 +258,7 @@ def test_optimization_hook_runs_after_loading_and_describe(tmp_path: Path) -> No
     (tmp_path / "handler.py").write_text(textwrap.dedent(HOOKED_HANDLER))
     (tmp_path / "index_to_name.json").write_text(json.dumps({"0": ["n01", "cat"], "1": "dog"}))
     service = load(tmp_path, handler="handler.py", serializedFile="weights.pth", modelFile="model.py")
-    (out,) = service.predict([Request("r", {"describe": "True"}, [])])
+    (out,) = service.predict([Request("r", {}, [], Control(describe=True))])
     assert json.loads(out.body) == {"optimized": "Net", "labels": {"0": "cat", "1": "dog"}}
 
 
@@ -277,7 +278,7 @@ def test_profile_records_stage_times_and_handler_time(tmp_path: Path) -> None:
 def test_explain_without_support_is_501(tmp_path: Path) -> None:
     service = load(eager_dir(tmp_path), serializedFile="weights.pth", modelFile="model.py")
     (out,) = service.predict(
-        [Request("r", {"explain": "True"}, [InputParam("body", "application/json", b"[1,2,3,4]")])]
+        [Request("r", {}, [InputParam("body", "application/json", b"[1,2,3,4]")], Control(explain=True))]
     )
     assert out.status == 501
 

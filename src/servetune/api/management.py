@@ -32,6 +32,7 @@ from servetune.api.openapi import management_spec
 from servetune.api.plan import RegisterParams, VersionPlan
 from servetune.api.types import Backend, InferRequest, Input, ModelRef, Reconfigure
 from servetune.config.server import ServerConfig
+from servetune.handlers.control import Control
 
 log = logging.getLogger("servetune.api")
 
@@ -179,9 +180,8 @@ class Management:
 
     async def customized_metadata(self, name: str, version: str) -> Any:
         """Ask the handler (``describe_handle``) through a describe request in a batch of its own, as TorchServe."""
-        request = InferRequest(
-            str(uuid.uuid4()), {"describe": "True"}, [Input("body", None, b"")], time.monotonic(), describe=True
-        )
+        body = [Input("body", None, b"")]
+        request = InferRequest(str(uuid.uuid4()), {}, body, time.monotonic(), control=Control(describe=True))
         try:
             result = await self.backend.infer(name, version, request)
         except ApiError as exc:

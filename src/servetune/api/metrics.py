@@ -173,12 +173,33 @@ class ApiMetrics:
         self.registry.register(collector)  # type: ignore[arg-type]
 
 
+class _Named:
+    """The metrics of a registry whose family name, or one of whose sample names, is in ``names`` (TorchServe's
+    ``name[]`` filter). prometheus_client's ``restricted_registry`` finds only collectors that describe their names up
+    front, which TorchServe's counters and the gauges (collected when scraped) do not."""
+
+    def __init__(self, registry: CollectorRegistry, names: list[str]) -> None:
+        self.registry = registry
+        self.names = frozenset(names)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if metric.name in self.names:
+                yield metric
+                continue
+            samples = [s for s in metric.samples if s.name in self.names]
+            if samples:
+                kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                kept.samples = samples
+                yield kept
+
+
 def create_metrics_app(metrics: ApiMetrics) -> Starlette:
     """``GET /metrics[?name[]=...]`` in Prometheus text format, never token-checked (as TorchServe)."""
 
     async def metrics_endpoint(request: Request) -> Response:
         names = request.query_params.getlist("name[]")
-        registry = metrics.registry.restricted_registry(names) if names else metrics.registry
+        registry: Any = _Named(metrics.registry, names) if names else metrics.registry
         return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def api_description(request: Request) -> Response:

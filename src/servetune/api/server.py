@@ -27,6 +27,7 @@ import uvicorn
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.auth import TokenStore
 from servetune.api.http import without_trailing_slash
+from servetune.api.http_guard import HeaderLimits, guarded_protocol
 from servetune.api.inference import create_inference_app
 from servetune.api.management import Management, create_management_app
 from servetune.api.metrics import create_metrics_app
@@ -101,6 +102,15 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
+def header_limits(config: ServerConfig) -> HeaderLimits:
+    return HeaderLimits(
+        config.max_header_line_size,
+        config.max_header_size,
+        config.max_header_count,
+        config.header_timeout_ms / 1000.0,
+    )
+
+
 def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -108,7 +118,7 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         access_log=False,
         lifespan="off",
         loop="asyncio",
-        http="servetune.api.keepalive:KeepAliveHttpToolsProtocol",  # ab -k: HTTP/1.0 keep-alive too
+        http=guarded_protocol(header_limits(config)),  # header limits; ab -k: HTTP/1.0 keep-alive too
         timeout_keep_alive=30,
         timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
         limit_concurrency=None,

@@ -1,8 +1,9 @@
 """Request envelopes: how a handler sees a KServe v1 or Open Inference Protocol v2 request, and how its answer is
 wrapped back (TorchServe's ``ts/torch_handler/request_envelope``, without its first-request-only bug).
 
-The API layer tells the worker which protocol a request came in by with the header ``x-servetune-protocol``
-(:data:`KSERVE_V1`, :data:`OIP_V2`; absent on TorchServe's own routes). The envelope is chosen per request:
+The API layer tells the worker which protocol a request came in by in its typed control
+(``servetune.handlers.control``: :data:`KSERVE_V1`, :data:`OIP_V2`, ``TORCHSERVE`` on TorchServe's own routes), never
+in a header a client could send. The envelope is chosen per request:
 
 - KServe v1 -> ``kserve``: the handler gets the ``instances`` (or ``inputs``) of the request, answers one item per
   instance, and the request gets ``{"predictions": [...]}`` (``{"explanations": [...]}`` for ``:explain``).
@@ -29,11 +30,13 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune.handlers.codec import error_body
 from servetune.handlers.context import Context, RequestProcessor
+from servetune.handlers.control import KSERVE_V1, OIP_METADATA, OIP_V2
 from servetune.handlers.util import BadInputError
 
 if TYPE_CHECKING:
@@ -45,10 +48,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_HEADER = "x-servetune-protocol"
-KSERVE_V1 = "kserve-v1"
-OIP_V2 = "oip-v2"
-OIP_METADATA = "oip-metadata"  # not a prediction: the handler's ``model_metadata()``, answered without ``handle``
 SERVICE_ENVELOPES = ("body", "json", "kserve", "kservev2")  # TorchServe's ``service_envelope`` values
 FORM_ATTRIBUTE = "servetune_envelope"  # on the handler class or module: "tensors" for servetune's form of v2
 
@@ -131,13 +130,20 @@ class KServeEnvelope:
         return instances, None
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
-        key = "explanations" if context.get_request_header(idx, "explain") == "True" else "predictions"
+        key = "explanations" if context.get_request_control(idx).explain else "predictions"
         return {key: answers}
 
 
 def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceRequest:
     """The OIP request of one row: the API's binary form, or a JSON body on TorchServe's routes."""
-    from servetune.tensors import BINARY_PARAMETERS, HEADER_LENGTH, TensorError, parse_header_length, parse_request
+    from servetune.tensors import (
+        BINARY_PARAMETERS,
+        HEADER_LENGTH,
+        TensorError,
+        TensorLimitError,
+        parse_header_length,
+        parse_request,
+    )
 
     body = _body(row)
     try:
@@ -148,9 +154,10 @@ def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceReq
         if not isinstance(body, (bytes, bytearray)):
             raise TensorError("the body is empty")
         header = context.get_request_header(idx, HEADER_LENGTH)
-        request = parse_request(body, parse_header_length(header if isinstance(header, str) else None))
+        length = parse_header_length(header if isinstance(header, str) else None)
+        request = parse_request(body, length, context.tensor_limits)
     except TensorError as exc:
-        raise BadInputError(str(exc)) from None
+        raise BadInputError(str(exc), 413 if isinstance(exc, TensorLimitError) else 400) from None
     for tensor in request.inputs:
         tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in BINARY_PARAMETERS}
     return request
@@ -363,9 +370,10 @@ class Envelopes:
         """Requests by envelope, in order of first appearance; None: no request needs one."""
         keys: dict[str, list[int]] = {}
         for i in range(size):
-            if context.get_request_header(i, "describe") == "True":
+            control = context.get_request_control(i)
+            if control.describe:
                 return None
-            protocol = context.get_request_header(i, PROTOCOL_HEADER)
+            protocol = control.protocol
             key = {KSERVE_V1: "kserve", OIP_V2: self.v2, OIP_METADATA: OIP_METADATA}.get(protocol, self.default)
             keys.setdefault(key or "", []).append(i)
         if list(keys) == [""]:
@@ -442,11 +450,15 @@ class Envelopes:
 
 
 def _reject(processor: RequestProcessor, request_id: str | None, exc: BadInputError) -> bytes:
-    code = exc.error_code if isinstance(exc.error_code, int) else 400
-    processor.report_status(code, "Bad Request" if code == 400 else "Internal Server Error")
+    code = exc.error_code if isinstance(exc.error_code, int) and 400 <= exc.error_code <= 599 else 400
+    processor.report_status(code, HTTPStatus(code).phrase if code in _STATUSES else "Error")
     processor.add_response_property("content-type", "application/json")
     message = f"request {request_id}: {exc.message}" if request_id else exc.message
-    return error_body(code, exc.error_type if code == 400 else "InternalServerException", message)
+    kind = "RequestEntityTooLargeException" if code == 413 else exc.error_type
+    return error_body(code, kind if code < 500 else "InternalServerException", message)
+
+
+_STATUSES = frozenset(s.value for s in HTTPStatus)
 
 
 def handler_metadata(owner: Any) -> Any:
@@ -472,7 +484,6 @@ __all__ = [
     "KSERVE_V1",
     "OIP_METADATA",
     "OIP_V2",
-    "PROTOCOL_HEADER",
     "SERVICE_ENVELOPES",
     "Envelopes",
     "handler_metadata",

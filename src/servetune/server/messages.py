@@ -1,7 +1,8 @@
 """The frontend <-> worker messages, typed: what each side may send and every field it carries.
 
     frontend -> worker   Load      the model to load and how (the WorkerSpec): the first frame, once
-                         Predict   a batch (requests with their inputs), the batch size and CPU settings to use
+                         Predict   a batch (requests with their inputs and typed control: protocol, explain,
+                                   describe), the batch size and CPU settings to use
     worker -> frontend   Ready     the model loaded (pid, load time, CPU settings as applied)
                          LoadError the model could not load (the handler's message and traceback)
                          Partial   one intermediate answer to one request of the running batch (the handler
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.api.types import InferRequest, Input
+from servetune.handlers.control import Control
 from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.server.protocol import ProtocolError, encode
 
@@ -51,7 +53,12 @@ class Predict:
 
     def encode(self) -> bytes:
         items = [
-            {"id": r.request_id, "headers": r.headers, "inputs": [[i.name, i.content_type] for i in r.inputs]}
+            {
+                "id": r.request_id,
+                "headers": r.headers,
+                "inputs": [[i.name, i.content_type] for i in r.inputs],
+                "control": r.control.to_json(),
+            }
             for r in self.requests
         ]
         header = {
@@ -72,6 +79,7 @@ class Predict:
                 item.get("headers") or {},
                 [Input(name, ctype, next(data)) for name, ctype in item["inputs"]],
                 0.0,
+                control=Control.from_json(item["control"]),
             )
             for item in header["batch"]
         ]

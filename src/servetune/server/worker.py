@@ -70,7 +70,7 @@ def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
             apply_cpu(message.num_threads, message.cpu_cores)
             applied = (message.num_threads, message.cpu_cores)
             cpu = cpu_settings()
-        requests = [Request(r.request_id, r.headers, r.inputs) for r in message.requests]
+        requests = [Request(r.request_id, r.headers, r.inputs, r.control) for r in message.requests]
         start = time.perf_counter()
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0

@@ -100,8 +100,7 @@ def infer_request(
 ) -> InferRequest:
     """One call as one item of the model's batch: its inputs, and its metadata as the handler's headers."""
     meta = metadata(context)
-    headers = {k: v for k, v in meta.items() if k not in HIDDEN_METADATA}
-    headers.setdefault("explain", "False")
+    headers = {k: v for k, v in meta.items() if k not in HIDDEN_METADATA}  # ``explain`` etc.: the worker's to set
     rid = request_id or meta.get("x-request-id") or str(uuid.uuid4())
     return InferRequest(rid, headers, inputs, time.monotonic(), _cancelled(context), on_partial=on_partial)
 
