@@ -1,125 +1,94 @@
-"""TorchServe's inference API (port 8080): ``/ping``, ``/predictions``, ``/explanations``, the API description.
-
-Written once over an :class:`~servetune.api.types.InferenceBackend`: the native server, a Ray model replica and the
-Ray frontend each serve this same app over their own backend.
+"""TorchServe's inference API (port 8080): ``/ping``, ``/predictions``, ``/explanations`` and the API description,
+through the gateway (``servetune.api.gateway``): this module parses TorchServe's request (form fields or the body as
+the inputs) and renders the handler's answer as it is.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-
-from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
+from starlette.types import Message
 
 from servetune._exceptions import ApiError
-from servetune.api import protocols
-from servetune.api.answers import (
-    CLIENT_GONE,
-    new_request_id,
-    observe,
-    request_headers,
-    result_response,
-    run_watched,
-    while_starting,
-)
-from servetune.api.auth import TokenStore
-from servetune.api.body import parse_inputs, read_body
-from servetune.api.http import error_response, exception_handlers, json_response
-from servetune.api.metrics import ApiMetrics
+from servetune.api import rest
+from servetune.api.gateway import INFERENCE, OPEN, PROBE, Call, Caller, Gateway
 from servetune.api.openapi import inference_spec
-from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
-from servetune.config.server import ServerConfig
+from servetune.api.rest import answer_response, json_response, read_body, request_headers, route
+from servetune.api.types import Input
 from servetune.handlers.control import TORCHSERVE, Control
 
-
-async def infer_http(
-    backend: InferenceBackend,
-    request: Request,
-    name: str,
-    version: str | None,
-    config: ServerConfig,
-    request_id: str,
-    *,
-    explain: bool = False,
-) -> InferResult:
-    """Read, parse and run one HTTP prediction request (raises ApiError)."""
-    body = await read_body(request, config.max_request_size)
-    inputs = await parse_inputs(request, body)
-    control = Control(TORCHSERVE, explain=explain)  # the route decides; a client's ``explain`` header does not
-    job = InferRequest(request_id, request_headers(request), inputs, time.monotonic(), control=control)
-    return await run_watched(backend, request, name, version, job)
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
-def create_inference_app(
-    backend: InferenceBackend,
-    config: ServerConfig,
-    *,
-    tokens: TokenStore | None = None,
-    metrics: ApiMetrics | None = None,
-    readiness: Readiness | None = None,
-) -> Starlette:
-    require_token = tokens is not None and config.inference_token_authorization
-    readiness = readiness or Readiness()
+async def parse_inputs(request: Request, body: bytes) -> list[Input]:
+    """TorchServe's rule: form fields become one input each; any other body is the input ``body``."""
+    ctype = request.headers.get("content-type")
+    base = (ctype or "").split(";")[0].strip().lower()
+    if base not in FORM_TYPES:
+        return [Input("body", ctype, body)]
 
-    def authorize(request: Request, probe: bool = False) -> None:
-        """The inference token, when required (``probe``: a health check, open with ``open_ping``)."""
-        if probe and config.open_ping:
-            return
-        if require_token and not (
-            tokens is not None and tokens.check("inference", request.headers.get("authorization"))
-        ):
-            raise ApiError.invalid_key()
+    async def replay() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
 
-    async def ping(request: Request) -> Response:
-        authorize(request, probe=True)
-        if not readiness.starting and not readiness.failed and await backend.healthy():
+    form_request = Request(request.scope, replay)
+    try:
+        form = await form_request.form(max_files=1000, max_fields=1000)
+    except Exception as exc:  # python-multipart raises several types for a malformed body
+        raise ApiError.bad_request(f"Malformed {base} body: {exc}") from None
+    inputs: list[Input] = []
+    try:
+        for name, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                inputs.append(Input(name, value.content_type, await value.read()))
+            else:
+                inputs.append(Input(name, "text/plain", str(value).encode()))
+    finally:
+        await form.close()
+    if not inputs:
+        raise ApiError.bad_request(f"Empty {base} body: no fields")
+    return inputs
+
+
+def torchserve_routes(gateway: Gateway) -> list[BaseRoute]:
+    async def ping(request: Request, who: Caller) -> Response:
+        if await gateway.server_ready():
             return json_response({"status": "Healthy"})
         payload: dict[str, object] = {"status": "Unhealthy"}
-        if readiness.failed:
-            payload["failedModels"] = dict(readiness.failed)
+        if gateway.readiness.failed:
+            payload["failedModels"] = dict(gateway.readiness.failed)
         return json_response(payload, 500)
 
-    async def api_description(request: Request) -> Response:
-        return json_response(inference_spec(sorted({m.name for m in backend.models()})))
+    async def api_description(request: Request, who: Caller) -> Response:
+        return json_response(inference_spec(gateway.model_names()))
 
-    async def predict(request: Request, explain: bool) -> Response:
-        authorize(request)
-        received = time.perf_counter()
-        name = request.path_params["model"]
-        version = request.path_params.get("version")
-        request_id = request.headers.get("x-request-id") or new_request_id()
-        try:
-            result = await infer_http(backend, request, name, version, config, request_id, explain=explain)
-        except ApiError as exc:
-            exc = while_starting(exc, name, readiness)
-            if metrics is not None:
-                metrics.observe_status(exc.status)
-            return error_response(exc)
-        except asyncio.CancelledError:
-            return Response(b"", CLIENT_GONE)  # the client went away before its batch was sent
-        observe(metrics, name, version, result, received)
-        return result_response(result, request_id, config.max_response_size)
+    async def predict(request: Request, who: Caller, explain: bool) -> Response:
+        body = await read_body(request, gateway.config.max_request_size)
+        call = Call(
+            request.path_params["model"],
+            request.path_params.get("version"),
+            await parse_inputs(request, body),
+            Control(TORCHSERVE, explain=explain),  # the route decides; a client's ``explain`` header does not
+            request_headers(request),
+        )
+        return answer_response(await rest.infer(gateway, request, who, call))
 
-    async def predictions(request: Request) -> Response:
-        return await predict(request, explain=False)
+    async def predictions(request: Request, who: Caller) -> Response:
+        return await predict(request, who, explain=False)
 
-    async def explanations(request: Request) -> Response:
-        return await predict(request, explain=True)
+    async def explanations(request: Request, who: Caller) -> Response:
+        return await predict(request, who, explain=True)
 
-    routes = [
-        Route("/", api_description, methods=["OPTIONS"]),
-        Route("/api-description", api_description, methods=["GET", "OPTIONS"]),
-        Route("/ping", ping, methods=["GET", "POST"]),
-        Route("/predictions/{model}", predictions, methods=["POST", "PUT"]),
-        Route("/predictions/{model}/{version}", predictions, methods=["POST", "PUT"]),
-        Route("/explanations/{model}", explanations, methods=["POST", "PUT"]),
-        Route("/explanations/{model}/{version}", explanations, methods=["POST", "PUT"]),
-        *protocols.http_routes(protocols.RestServed(backend, config, metrics, readiness, authorize)),
+    return [
+        route(gateway, "/", api_description, ["OPTIONS"], OPEN),
+        route(gateway, "/api-description", api_description, ["GET", "OPTIONS"], OPEN),
+        route(gateway, "/ping", ping, ["GET", "POST"], PROBE),
+        route(gateway, "/predictions/{model}", predictions, ["POST", "PUT"], INFERENCE),
+        route(gateway, "/predictions/{model}/{version}", predictions, ["POST", "PUT"], INFERENCE),
+        route(gateway, "/explanations/{model}", explanations, ["POST", "PUT"], INFERENCE),
+        route(gateway, "/explanations/{model}/{version}", explanations, ["POST", "PUT"], INFERENCE),
     ]
-    return Starlette(routes=routes, exception_handlers=exception_handlers())
 
 
-__all__ = ["create_inference_app", "infer_http", "result_response"]
+__all__ = ["parse_inputs", "torchserve_routes"]

@@ -101,7 +101,7 @@ class ReplicaView:
             raise ApiError.model_not_found(name)
         versions = [ref.version for ref in self.models()]
         if version is None or version == plan.version:
-            return await model_metadata(self, plan, versions)
+            return model_metadata(plan, versions, self.replica.service.metadata)
         if version in self.idle:
             return ModelMetadata(name, tuple(versions), "")  # no replica holds its plan: no tensors
         other = self.others.get(version)
