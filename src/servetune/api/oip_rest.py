@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute
 from servetune import __version__
 from servetune._exceptions import ApiError
 from servetune.api import rest
-from servetune.api.gateway import INFERENCE, PROBE, Answer, Call, Caller, Gateway
+from servetune.api.gateway import INFERENCE, PROBE, Access, Answer, Call, Caller, Gateway
 from servetune.api.offload import off_loop
 from servetune.api.oip import answer_error, oip_call, tensor_error
 from servetune.api.rest import Endpoint, answer_response, json_response, kserve_error_response, read_body, route
@@ -34,9 +34,9 @@ def kserve_answer(answer: Answer) -> Response:
     return answer_response(answer)
 
 
-def kserve_route(gateway: Gateway, path: str, endpoint: Endpoint, method: str, access: str) -> BaseRoute:
+def kserve_route(gateway: Gateway, path: str, endpoint: Endpoint, method: str, access: Access) -> BaseRoute:
     """A route of KServe's protocols: its errors as ``{"error": message}``."""
-    return route(gateway, path, endpoint, [method], access, kserve_error_response)  # type: ignore[arg-type]
+    return route(gateway, path, endpoint, [method], access, kserve_error_response)
 
 
 def oip_routes(gateway: Gateway) -> list[BaseRoute]:
