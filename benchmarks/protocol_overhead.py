@@ -46,8 +46,14 @@ def build(store: Path) -> None:
         src.mkdir(parents=True)
         (src / f"{name}.py").write_text(source)
         (src / "model-config.yaml").write_text(yaml.safe_dump({"batchSize": 1, "maxBatchDelay": 0}))
-        create_archive(model_name=name, version="1.0", handler=str(src / f"{name}.py"),
-                       config_file=str(src / "model-config.yaml"), export_path=str(store), force=True)
+        create_archive(
+            model_name=name,
+            version="1.0",
+            handler=str(src / f"{name}.py"),
+            config_file=str(src / "model-config.yaml"),
+            export_path=str(store),
+            force=True,
+        )
 
 
 def grpc_url(server: EmbeddedServer, path: str) -> str:
@@ -58,17 +64,32 @@ def grpc_url(server: EmbeddedServer, path: str) -> str:
 # name -> (server, the tensor as .npy, as raw bytes) -> the BenchSpec fields that differ between protocols
 Protocol = Callable[[EmbeddedServer, Path, Path], dict[str, object]]
 PROTOCOLS: dict[str, Protocol] = {
-    "torchserve-rest": lambda s, npy, raw: {"url": f"{s.inference_url}/predictions/noop", "input": raw,
-                                            "content_type": "application/octet-stream"},
-    "oip-rest-json": lambda s, npy, raw: {"url": f"{s.inference_url}/v2/models/noop/infer", "input": npy,
-                                          "engine": "oip-json"},
-    "oip-rest-binary": lambda s, npy, raw: {"url": f"{s.inference_url}/v2/models/noop/infer", "input": npy,
-                                            "engine": "oip-binary"},
-    "oip-rest-binary-tensors-form": lambda s, npy, raw: {"url": f"{s.inference_url}/v2/models/noop_tensors/infer",
-                                                         "input": npy, "engine": "oip-binary"},
+    "torchserve-rest": lambda s, npy, raw: {
+        "url": f"{s.inference_url}/predictions/noop",
+        "input": raw,
+        "content_type": "application/octet-stream",
+    },
+    "oip-rest-json": lambda s, npy, raw: {
+        "url": f"{s.inference_url}/v2/models/noop/infer",
+        "input": npy,
+        "engine": "oip-json",
+    },
+    "oip-rest-binary": lambda s, npy, raw: {
+        "url": f"{s.inference_url}/v2/models/noop/infer",
+        "input": npy,
+        "engine": "oip-binary",
+    },
+    "oip-rest-binary-tensors-form": lambda s, npy, raw: {
+        "url": f"{s.inference_url}/v2/models/noop_tensors/infer",
+        "input": npy,
+        "engine": "oip-binary",
+    },
     "torchserve-grpc": lambda s, npy, raw: {"url": grpc_url(s, "/predictions/noop"), "input": raw, "engine": "grpc"},
-    "oip-grpc-tensors-form": lambda s, npy, raw: {"url": grpc_url(s, "/v2/models/noop_tensors/infer"),
-                                                  "input": npy.with_suffix(".json"), "engine": "grpc"},
+    "oip-grpc-tensors-form": lambda s, npy, raw: {
+        "url": grpc_url(s, "/v2/models/noop_tensors/infer"),
+        "input": npy.with_suffix(".json"),
+        "engine": "grpc",
+    },
 }
 BASELINE = "torchserve-rest"
 
@@ -92,8 +113,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
         build(store)
-        properties = {"disable_token_authorization": "true", "default_workers_per_model": "1",
-                      "max_request_size": str(64 << 20)}
+        properties = {
+            "disable_token_authorization": "true",
+            "default_workers_per_model": "1",
+            "max_request_size": str(64 << 20),
+        }
         models = {"noop": "noop.mar", "noop_tensors": "noop_tensors.mar"}
         with EmbeddedServer(store, models, properties, workdir=Path(tmp) / "server") as server:
             for size in sizes:
@@ -109,11 +133,16 @@ def main() -> None:
                         fields = PROTOCOLS[name](server, npy, raw)
                         spec = BenchSpec(concurrency=1, requests=args.requests, warmup_requests=50, **fields)  # type: ignore[arg-type]
                         figures[name].append(overhead_ms(spec))
-                    print(f"  size {size}, run {run + 1}: " + ", ".join(f"{n} {figures[n][-1]:.3f} ms" for n in names),
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"  size {size}, run {run + 1}: " + ", ".join(f"{n} {figures[n][-1]:.3f} ms" for n in names),
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 base = statistics.median(figures[BASELINE]) if BASELINE in figures else None
-                print(f"\nFP32 tensor of {size} elements ({size * 4} bytes), {args.runs} runs of {args.requests} "
-                      "requests, median client latency (no-op handler, 1 client, 1 worker):")
+                print(
+                    f"\nFP32 tensor of {size} elements ({size * 4} bytes), {args.runs} runs of {args.requests} "
+                    "requests, median client latency (no-op handler, 1 client, 1 worker):"
+                )
                 for name in names:
                     median = statistics.median(figures[name])
                     ratio = f"{median / base:6.2f}x {BASELINE}" if base else ""

@@ -24,6 +24,8 @@ SLEEP_HANDLER = textwrap.dedent(
             cfg = context.model_yaml_config.get("sleep", {})
             if cfg.get("fail_load"):
                 raise RuntimeError("cannot load: fail_load is set")
+            if cfg.get("import_torch"):  # a model that uses torch: its threads are set as it imports it
+                import torch
             marker = cfg.get("fail_load_if_exists")
             if marker and os.path.exists(marker):
                 os._exit(4)
@@ -105,4 +107,40 @@ def sleep_archive(
     config.setdefault("sleep", {}).update({"batch_ms": batch_ms, "item_ms": item_ms})
     return handler_archive(
         store, name, "sleep_handler.py", SLEEP_HANDLER, config, version=version, archive_format=archive_format
+    )
+
+
+# The handler answers the model config it was given, so that a test sees what reached the worker.
+ECHO_HANDLER = textwrap.dedent(
+    """
+    import json
+
+    def handle(data, context):
+        if data is None:
+            return None
+        return [json.dumps(context.model_yaml_config, sort_keys=True) for _ in data]
+    """
+)
+
+# A 254-byte "billion laughs": 9**7 strings once its aliases are expanded.
+LAUGHS = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
+    f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdef", "bcdefg", strict=True)
+)
+# 48 aliases (within SnakeYAML's 50) that still expand 3**16 times: the JSON size limit stops it.
+CHAIN = "a0: &a0 [xxxxxxxxxx]\n" + "".join(f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}]\n" for i in range(1, 17))
+
+
+def yaml_archive(store: Path, name: str, text: str, source: str = ECHO_HANDLER) -> Path:
+    """``<store>/<name>.mar`` with this exact model-config.yaml text (not re-dumped: YAML's own tags survive)."""
+    src = store / f".src-{name}"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "echo.py").write_text(source)
+    (src / "model-config.yaml").write_text(text)
+    return create_archive(
+        model_name=name,
+        version="1.0",
+        handler=str(src / "echo.py"),
+        config_file=str(src / "model-config.yaml"),
+        export_path=str(store),
+        force=True,
     )

@@ -21,6 +21,7 @@ from PIL import Image
 from conftest import RunningServer
 from http_client import Reply, burst, call
 from servetune.handlers import InputParam, Request, load_service, uninstall_ts_alias
+from servetune.handlers.control import Control
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "animated_drawings"
 DETECTOR, POSE = "drawn_humanoid_detector", "drawn_humanoid_pose_estimator"
@@ -278,7 +279,7 @@ def load_pose(store: Path, tmp_path: Path, config: dict[str, Any]) -> Any:
 
 
 def describe(service: Any) -> dict[str, Any]:
-    [response] = service.predict([Request("d", {"describe": "True"}, [InputParam("body", None, b"")])])
+    [response] = service.predict([Request("d", {}, [InputParam("body", None, b"")], Control(describe=True))])
     assert response.status == 200
     return json.loads(response.body)  # type: ignore[no-any-return]
 

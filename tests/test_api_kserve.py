@@ -101,7 +101,7 @@ def test_v1_bad_requests_get_kserve_errors(server: Server) -> None:
         b"not json": (400, "not valid JSON"),
         b'{"instance": [1]}': (400, "instances"),
         b'{"instances": 3}': (400, "instances"),
-        b'{"instances": ["boom"]}': (500, "Prediction failed"),
+        b'{"instances": ["boom"]}': (500, "Prediction failed: ValueError: boom requested"),  # the handler's error
         b'{"instances": [{"a": 1}]}': (400, "rows must be"),
         b'{"instances": [' + b"1," * LIMIT + b"1]}": (413, "max_request_size"),
     }
@@ -208,7 +208,7 @@ def test_v2_gzip_request_bodies_are_read(server: Server) -> None:
         (v2_body([1, 2]), {**JSON, "Content-Encoding": "br"}, 415, "Content-Encoding"),
         (v2_body([1.0] * LIMIT), JSON, 413, "max_request_size"),
         (json.dumps({"inputs": [{"name": "b", "shape": [1], "datatype": "BYTES", "data": ["boom"]}]}).encode(),
-         JSON, 500, "Prediction failed"),
+         JSON, 500, "Prediction failed: ValueError: boom requested"),
     ],
     ids=["truncated-json", "shape", "datatype", "int-values", "no-inputs", "truncated-binary", "missing-header",
          "header-too-long", "header-not-a-number", "encoding", "oversize", "handler-failure"],

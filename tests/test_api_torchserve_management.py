@@ -118,7 +118,10 @@ def test_scale_parameters_as_torchserve_reads_them(mgmt: str) -> None:
     assert status("PUT", f"{mgmt}/models/sleep?min_worker=2&max_worker=1") == 400
     assert status("PUT", f"{mgmt}/models/sleep?max_worker=-1") == 400
     negative = call("PUT", f"{mgmt}/models/sleep?min_worker=-1")  # TorchServe: 500 from an exception
-    assert (negative.status, negative.json()["message"]) == (400, "min_worker cannot be negative.")
+    assert (negative.status, negative.json()["message"]) == (
+        400,
+        "min_worker must be between 0 and 64, got -1 (max_workers_per_model=64)",
+    )
 
 
 def test_list_describe_set_default_and_unregister(mgmt: str) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from servetune._exceptions import HandlerError
 from servetune.handlers import InputParam, Request, Service, load_service, uninstall_ts_alias
+from servetune.handlers.control import Control
 from servetune.handlers.metrics import MetricTypes
 
 LINEAR_SOURCE = """
@@ -83,6 +84,40 @@ def test_eager_model_file_and_state_dict(tmp_path: Path) -> None:
     out = service.predict([json_request(X[0]), json_request(X[1])])
     assert [r.status for r in out] == [200, 200]
     got = torch.tensor([json.loads(r.body) for r in out])
+    torch.testing.assert_close(got, expected(X))
+
+
+STORAGE_PROBE = """
+from servetune.handlers.base import BaseHandler
+
+class Probe(BaseHandler):
+    def handle(self, data, context):
+        if data and data[0].get("body") in (b"files", "files"):
+            return [[t.data_ptr() for t in self.model.state_dict().values()]]
+        return super().handle(data, context)
+"""
+
+
+def mapped_from(path: Path) -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of ``path``."""
+    ranges = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(str(path)):
+            start, end = line.split()[0].split("-")
+            ranges.append((int(start, 16), int(end, 16)))
+    return ranges
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_eager_weights_are_mapped_from_the_file_unless_config_says_not(tmp_path: Path, mmap: bool) -> None:
+    # mapped: the parameters are the file's pages (shared by every worker of the model); else a private copy
+    (eager_dir(tmp_path) / "probe.py").write_text(STORAGE_PROBE)
+    service = load(tmp_path, "probe.py", {"mmap_weights": mmap}, serializedFile="weights.pth", modelFile="model.py")
+    [reply] = service.predict([Request("f", {}, [InputParam("body", "text/plain", b"files")])])
+    ranges = mapped_from(tmp_path / "weights.pth")
+    inside = [any(a <= ptr < b for a, b in ranges) for ptr in json.loads(reply.body)]
+    assert inside and set(inside) == {mmap}
+    got = torch.tensor([json.loads(r.body) for r in service.predict([json_request(X[0]), json_request(X[1])])])
     torch.testing.assert_close(got, expected(X))
 
 
@@ -223,7 +258,7 @@ def test_optimization_hook_runs_after_loading_and_describe(tmp_path: Path) -> No
     (tmp_path / "handler.py").write_text(textwrap.dedent(HOOKED_HANDLER))
     (tmp_path / "index_to_name.json").write_text(json.dumps({"0": ["n01", "cat"], "1": "dog"}))
     service = load(tmp_path, handler="handler.py", serializedFile="weights.pth", modelFile="model.py")
-    (out,) = service.predict([Request("r", {"describe": "True"}, [])])
+    (out,) = service.predict([Request("r", {}, [], Control(describe=True))])
     assert json.loads(out.body) == {"optimized": "Net", "labels": {"0": "cat", "1": "dog"}}
 
 
@@ -243,7 +278,7 @@ def test_profile_records_stage_times_and_handler_time(tmp_path: Path) -> None:
 def test_explain_without_support_is_501(tmp_path: Path) -> None:
     service = load(eager_dir(tmp_path), serializedFile="weights.pth", modelFile="model.py")
     (out,) = service.predict(
-        [Request("r", {"explain": "True"}, [InputParam("body", "application/json", b"[1,2,3,4]")])]
+        [Request("r", {}, [InputParam("body", "application/json", b"[1,2,3,4]")], Control(explain=True))]
     )
     assert out.status == 501
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from servetune._exceptions import HandlerError
-from servetune.handlers import InputParam, Request, Response, Service, load_service, uninstall_ts_alias
+from servetune.handlers import Control, InputParam, Request, Response, Service, load_service, uninstall_ts_alias
 
 
 @pytest.fixture(autouse=True)
@@ -353,6 +353,7 @@ def test_context_carries_request_headers_and_input_content_types(tmp_path: Path)
             "mode": {"content-type": None},
             "x-token": "t",
             "ts_request_sequence_id": "s1",
+            "explain": "False",  # set by the worker from the request's control, as for every request
         },
         "upper": "t",
         "id": "id-1",
@@ -423,3 +424,32 @@ def test_handler_breaking_the_context_still_gets_answers(tmp_path: Path) -> None
     )
     out = service.predict([req(b""), req(b"")])
     assert [(r.status, error(r)["message"]) for r in out] == [(503, "Prediction failed")] * 2
+
+
+def test_a_batch_is_split_by_control_and_client_control_headers_are_dropped(tmp_path: Path) -> None:
+    service = make_service(
+        tmp_path,
+        """
+        servetune_explains = True
+
+        def handle(data, context):
+            if data is None:
+                return None
+            seen = [sorted(k for k in context.get_all_request_header(i) if k in ("explain", "describe")
+                           or k.startswith("x-servetune")) for i in range(len(data))]
+            return [{"call": len(data), "explain": context.get_request_header(0, "explain"), "seen": seen[i]}
+                    for i in range(len(data))]
+    """,
+    )
+    spoofed = {"explain": "True", "describe": "True", "x-servetune-protocol": "oip-metadata"}
+    batch = [
+        Request("attacker", spoofed, [InputParam("body", None, b"a")], Control(explain=True)),
+        Request("victim-1", {}, [InputParam("body", None, b"b")]),
+        Request("victim-2", spoofed, [InputParam("body", None, b"c")]),
+    ]
+    answers = [json.loads(r.body) for r in service.predict(batch)]
+    assert answers == [
+        {"call": 1, "explain": "True", "seen": ["explain"]},
+        {"call": 2, "explain": "False", "seen": ["explain"]},
+        {"call": 2, "explain": "False", "seen": ["explain"]},
+    ]

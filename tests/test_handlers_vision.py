@@ -234,3 +234,50 @@ def test_image_segmenter_class_and_probability_per_pixel(tmp_path: Path) -> None
     classes, probs = mask[..., 0], mask[..., 1]
     assert set(classes.unique().tolist()) <= {0.0, 1.0, 2.0}
     assert bool(((probs > 1 / 3 - 1e-6) & (probs <= 1.0)).all())
+
+
+@pytest.mark.parametrize(
+    ("size", "mode"),
+    [
+        ((320, 240), "RGB"),
+        ((240, 320), "RGB"),
+        ((256, 256), "RGB"),
+        ((300, 257), "L"),
+        ((100, 60), "RGBA"),
+        ((1000, 20), "P"),
+    ],
+)
+def test_the_classifier_preprocessing_is_torchvisions_without_torchvision(size: tuple[int, int], mode: str) -> None:
+    # servetune's image_classifier and image_segmenter do not import torchvision (a worker saves its import time and
+    # ~90 MB); their tensors must still be exactly what torchvision's transforms give
+    from torchvision import transforms
+
+    from servetune.handlers.vision import IMAGENET_MEAN, IMAGENET_STD, to_rgb
+
+    rng = random.Random(hash((size, mode)) & 0xFFFF)
+    image = Image.frombytes("RGB", size, bytes(rng.randrange(256) for _ in range(size[0] * size[1] * 3)))
+    image = image.convert(mode)
+    reference = transforms.Compose(
+        [
+            transforms.Lambda(to_rgb),
+            transforms.Resize(256),
+            transforms.CenterCrop(224),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
+        ]
+    )
+    expected = reference(image)
+    got = ImageClassifier.image_processing(image)
+    assert got.shape == expected.shape == (3, 224, 224) and got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_the_image_handlers_import_no_torchvision() -> None:
+    import subprocess
+
+    code = (
+        "import sys; import servetune.handlers.image_classifier, servetune.handlers.image_segmenter; "
+        "print('torchvision' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

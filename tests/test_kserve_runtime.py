@@ -89,12 +89,16 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReadyInf
     archive(store, "doubler", DOUBLER, {"batch_ms": 60, "oip": DOUBLER_METADATA})
     shutil.rmtree(store / ".src-doubler-1.0")
     before = tree_digest(layout)
-    mount, ready = tmp / "mnt-models", tmp / "ready.json"
+    mount, ready, temp = tmp / "mnt-models", tmp / "ready.json", tmp / "tmp"
     mount.mkdir()
-    entrypoint = [sys.executable, "-m", "servetune", "kserve", "--model-dir", str(mount), "--ready-file", str(ready)]
-    entrypoint += ["--http-port", "0", "--grpc-port", "0", "--management-port", "0", "--metrics-port", "0"]
+    temp.mkdir()
+    # KServe's own flag spellings (--model_dir, --http_port, --grpc_port) as a ServingRuntime may pass them
+    entrypoint = [sys.executable, "-m", "servetune", "kserve", "--model_dir", str(mount), "--ready-file", str(ready)]
+    entrypoint += ["--http_port", "0", "--grpc_port", "0", "--management-port", "0", "--metrics-port", "0"]
+    entrypoint += ["--grpc-management-port", "0", "--host", "127.0.0.1"]
     script = f"mount --bind -o ro {layout} {mount} && exec " + " ".join(entrypoint)
-    env = {**os.environ, "PROTOCOL_VERSION": "v2"}  # what KServe's webhook adds for a v2 InferenceService
+    # what KServe's webhook adds for a v2 InferenceService; the server's temporary files go to a folder of ours
+    env = {**os.environ, "PROTOCOL_VERSION": "v2", "TMPDIR": str(temp)}
     proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=tmp, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
@@ -107,6 +111,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReadyInf
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     assert tree_digest(layout) == before, "the model directory must never be written to"
+    assert list(temp.iterdir()) == [], "the server left temporary files behind"
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +123,8 @@ def test_the_snapshot_model_serves_on_every_rest_protocol(runtime: tuple[ReadyIn
     info, _, _ = runtime
     url = info.urls["inference"]
     assert info.failed == {} and info.models == {"doubler": ["1.0"]}
+    bound = {name: url.split("//")[1].rsplit(":", 1)[0] for name, url in info.urls.items()}
+    assert set(bound.values()) == {"127.0.0.1"}, bound  # --host; management stays on loopback
     assert call("GET", f"{url}/v2/health/ready").status == 200
     assert call("GET", f"{url}/v2/health/live").status == 200
     v1 = call("POST", f"{url}/v1/models/doubler:predict", json.dumps({"instances": [[1, 2]]}).encode(),

@@ -248,7 +248,7 @@ def test_workers_share_the_cores_anew_after_scaling(tmp_path: Path, start_server
     from servetune.hardware import physical_cores
 
     store = tmp_path / "store"
-    sleep_archive(store, batch_ms=50)
+    sleep_archive(store, batch_ms=50, model_config={"sleep": {"import_torch": True}})
     server = start_server(model_store=store, models={"sleep": "sleep.mar"})
     url, cores = f"{server.inference_url}/predictions/sleep", physical_cores()
     assert call("POST", url, b"x").json()["threads"] == cores

@@ -2,6 +2,7 @@
 servetune OIP gRPC service. Prints one JSON object of what it saw.
 
     python triton_grpc_client.py HOST:PORT MODEL
+    python triton_grpc_client.py HOST:PORT MODEL image FILE    # FILE's bytes as a BYTES tensor of shape [1], raw
 """
 
 import json
@@ -59,5 +60,22 @@ def _wrong_shape(client, model):
     return client.infer(model, [x])
 
 
+def image(url: str, model: str, path: str) -> dict:
+    """An image file as Triton's client sends bytes: one BYTES element in ``raw_input_contents``."""
+    client = triton.InferenceServerClient(url)
+    data = triton.InferInput("data", [1], "BYTES")
+    with open(path, "rb") as fh:
+        data.set_data_from_numpy(np.array([fh.read()], dtype=np.object_))
+    try:
+        result = client.infer(model, [data])
+    except InferenceServerException as exc:
+        return {"error": [exc.status(), exc.message()]}
+    output = result.get_response().outputs[0]
+    return {"name": output.name, "shape": list(output.shape), "answer": json.loads(result.as_numpy(output.name)[0])}
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    if sys.argv[3:4] == ["image"]:
+        print(json.dumps(image(sys.argv[1], sys.argv[2], sys.argv[4])))
+    else:
+        print(json.dumps(main(sys.argv[1], sys.argv[2])))

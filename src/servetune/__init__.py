@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import servetune.startup  # noqa: F401 - first: its clock times every import after it (serve --log-level debug)
 from servetune._exceptions import (
     ApiError,
     ArchiveError,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 
 from starlette.requests import Request
@@ -81,9 +82,42 @@ def timing_headers(result: InferResult, request_id: str) -> dict[str, str]:
     }
 
 
-def result_response(result: InferResult, request_id: str, max_response_size: int) -> Response:
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's field-name
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters, CR and LF among them
+
+
+def header_problem(headers: dict[str, str], content_type: str | None) -> str | None:
+    """Why the handler's response headers cannot be sent (a CR/LF would split the answer), or None."""
+    fields = [*headers.items(), *((("content-type", content_type),) if content_type else ())]
+    for name, value in fields:
+        if not _TOKEN.fullmatch(str(name)):
+            return f"the handler set a response header with an invalid name {str(name)[:80]!r}"
+        text = str(value)
+        if _BAD_VALUE.search(text) or not text.isascii() and not _latin1(text):
+            return f"the handler set response header {name!r} to an invalid value {text[:80]!r} (CR, LF or control)"
+    return None
+
+
+def _latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def answer_problem(result: InferResult, max_response_size: int) -> ApiError | None:
+    """Why the worker's answer cannot be sent as it is: too large (507), or headers that HTTP cannot carry (500)."""
     if len(result.body) > max_response_size:
-        return error_response(ApiError.response_too_large(len(result.body), max_response_size))
+        return ApiError.response_too_large(len(result.body), max_response_size)
+    problem = header_problem(result.headers, result.content_type)
+    return ApiError.internal(problem) if problem is not None else None
+
+
+def result_response(result: InferResult, request_id: str, max_response_size: int) -> Response:
+    problem = answer_problem(result, max_response_size)
+    if problem is not None:
+        return error_response(problem)
     headers = {**NO_CACHE_HEADERS, **result.headers, **timing_headers(result, request_id)}
     return Response(result.body, result.status, headers, media_type=result.content_type)
 
@@ -105,6 +139,8 @@ __all__ = [
     "BATCH_HEADER",
     "CLIENT_GONE",
     "HANDLER_HEADER",
+    "answer_problem",
+    "header_problem",
     "QUEUE_HEADER",
     "client_gone",
     "new_request_id",

@@ -24,7 +24,7 @@ def describe_worker(worker: WorkerStatus) -> dict[str, Any]:
         "id": worker.id,
         "startTime": _time(worker.start_time),
         "status": worker.status,
-        "memoryUsage": worker.memory_bytes,
+        "memoryUsage": worker.memory_bytes,  # RSS, as TorchServe's
         "pid": worker.pid,
         "gpu": worker.gpu_id is not None,
         "gpuId": worker.gpu_id,
@@ -32,6 +32,8 @@ def describe_worker(worker: WorkerStatus) -> dict[str, Any]:
         "gpuMemoryUsage": worker.gpu_memory_bytes,
         "restarts": worker.restarts,
     }
+    if worker.pss_bytes is not None:
+        out["memoryPss"] = worker.pss_bytes  # servetune's: what the worker costs once shared pages are split
     if worker.num_threads is not None:
         out["numThreads"] = worker.num_threads
     if worker.inter_op_threads is not None:

@@ -32,7 +32,7 @@ from servetune.api.metrics import ApiMetrics
 from servetune.api.openapi import inference_spec
 from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
 from servetune.config.server import ServerConfig
-from servetune.handlers.envelopes import PROTOCOL_HEADER
+from servetune.handlers.control import TORCHSERVE, Control
 
 
 async def infer_http(
@@ -48,10 +48,8 @@ async def infer_http(
     """Read, parse and run one HTTP prediction request (raises ApiError)."""
     body = await read_body(request, config.max_request_size)
     inputs = await parse_inputs(request, body)
-    headers = request_headers(request)
-    headers["explain"] = "True" if explain else headers.get("explain", "False")
-    headers.pop(PROTOCOL_HEADER, None)  # TorchServe's routes: the configured service_envelope, if any
-    job = InferRequest(request_id, headers, inputs, time.monotonic())
+    control = Control(TORCHSERVE, explain=explain)  # the route decides; a client's ``explain`` header does not
+    job = InferRequest(request_id, request_headers(request), inputs, time.monotonic(), control=control)
     return await run_watched(backend, request, name, version, job)
 
 

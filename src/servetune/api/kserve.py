@@ -1,15 +1,16 @@
 """KServe's v1 protocol (TensorFlow Serving's REST form) on the inference port, for every backend.
 
+``GET /`` (``{"status": "alive"}``: KServe's liveness route, which its SDK's v1 ``is_server_live`` calls),
 ``GET /v1/models`` (``{"models": [names]}``), ``GET /v1/models/{name}`` (``{"name", "ready"}``; 503 when not
 ready), ``POST /v1/models/{name}:predict`` (``{"instances": [...]}`` or ``{"inputs": [...]}`` -> ``{"predictions":
 [...]}``) and ``:explain`` (the handler's explanations; 501 from a handler that has none). v1 has no versions: the
 default version answers. The worker's ``kserve`` envelope hands the handler the instances
-(``servetune.handlers.envelopes``). Errors: ``{"error": message}`` (``servetune.api.oip``).
+(``servetune.handlers.envelopes``). A request for a model that is not ready is refused at once with 503, as
+KServe's model server refuses it. Errors: ``{"error": message}`` (``servetune.api.oip``).
 """
 
 from __future__ import annotations
 
-import json
 import time
 
 from starlette.requests import Request
@@ -18,17 +19,20 @@ from starlette.routing import BaseRoute, Route
 
 from servetune._exceptions import ApiError
 from servetune.api.http import json_response
+from servetune.api.offload import off_loop
 from servetune.api.oip_rest import RestServed, failure_answer, inference_runner, read_inference_request
 from servetune.api.types import InferRequest, Input
-from servetune.handlers.envelopes import KSERVE_V1, PROTOCOL_HEADER
+from servetune.handlers.control import KSERVE_V1, Control
+from servetune.tensors import strict_json
 
-_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", PROTOCOL_HEADER)
+_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding")
 
 
 def check_v1_body(body: bytes) -> None:
-    """A v1 request is a JSON object with an ``instances`` or ``inputs`` list (ApiError 400 otherwise)."""
+    """A v1 request is a JSON object with an ``instances`` or ``inputs`` list (ApiError 400 otherwise); strict JSON
+    (``NaN`` and ``Infinity`` are not JSON)."""
     try:
-        payload = json.loads(body)
+        payload = strict_json(body)
     except (ValueError, RecursionError) as exc:
         raise ApiError.bad_request(f"the body is not valid JSON ({exc})") from None
     rows = payload.get("instances", payload.get("inputs")) if isinstance(payload, dict) else None
@@ -39,6 +43,10 @@ def check_v1_body(body: bytes) -> None:
 def kserve_routes(served: RestServed) -> list[BaseRoute]:
     backend, config, metrics, readiness, authorize = served.parts()
     failed = failure_answer(readiness, metrics)
+
+    async def alive(request: Request) -> Response:
+        authorize(request, True)
+        return json_response({"status": "alive"})
 
     async def models(request: Request) -> Response:
         authorize(request, True)
@@ -55,10 +63,11 @@ def kserve_routes(served: RestServed) -> list[BaseRoute]:
 
     async def v1_job(request: Request, request_id: str, explain: bool) -> InferRequest:
         body, _ = await read_inference_request(request, config.max_request_size)
-        check_v1_body(body)
+        await off_loop(len(body), check_v1_body, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_HEADERS}
-        headers.update({PROTOCOL_HEADER: KSERVE_V1, "explain": "True" if explain else "False"})
-        return InferRequest(request_id, headers, [Input("body", "application/json", body)], time.monotonic())
+        inputs = [Input("body", "application/json", body)]
+        control = Control(KSERVE_V1, explain=explain)  # :predict and :explain never share a handler call
+        return InferRequest(request_id, headers, inputs, time.monotonic(), control=control)
 
     run = inference_runner(served, failed, v1_job)
 
@@ -69,6 +78,7 @@ def kserve_routes(served: RestServed) -> list[BaseRoute]:
         return await run(request, request.path_params["model"], None, True)
 
     return [
+        Route("/", alive, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model}:predict", predict, methods=["POST"]),
         Route("/v1/models/{model}:explain", explain, methods=["POST"]),

@@ -132,7 +132,7 @@ def _post(operation: str, request: dict[str, Any], response: dict[str, Any], err
 
 
 def kserve_paths() -> dict[str, Any]:
-    """The ``paths`` of KServe v1 and OIP v2 REST."""
+    """The ``paths`` of KServe v1 and OIP v2 REST (``/``: its GET only; TorchServe's OPTIONS is beside it)."""
     infer_errors = (400, 404, 413, 415, 500, 501, 503, 504, 507)
     binary = {
         "in": "header",
@@ -141,7 +141,9 @@ def kserve_paths() -> dict[str, Any]:
         "description": "Binary tensor data extension: the length of the JSON part; the tensors' bytes follow it",
         "schema": {"type": "integer", "minimum": 0},
     }
+    alive = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string", "enum": ["alive"]}}}
     paths: dict[str, Any] = {
+        "/": _get("kserveLive", alive, "Live (KServe's liveness route)"),
         "/v1/models": _get("kserveV1ListModels", _MODELS, "Registered models"),
         "/v1/models/{model_name}": {
             "parameters": _params("model_name"),

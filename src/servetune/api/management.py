@@ -2,7 +2,8 @@
 scale, unregister, set-default, tokens; and servetune's in-place changes (``PUT ?batch_size=&num_threads=...``).
 
 Register follows TorchServe's steps (``ApiUtils.handleRegister``): plan the version from its archive, add it with
-0 workers, then scale it; a synchronous start that fails unregisters the version before the 500 goes out.
+0 workers, then scale it. Whatever fails after the version was added (a worker that cannot start, a placement that
+refuses, a bug) unregisters it before the error goes out: a failed registration leaves nothing registered.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from servetune.api.openapi import management_spec
 from servetune.api.plan import RegisterParams, VersionPlan
 from servetune.api.types import Backend, InferRequest, Input, ModelRef, Reconfigure
 from servetune.config.server import ServerConfig
+from servetune.handlers.control import Control
 
 log = logging.getLogger("servetune.api")
 
@@ -104,17 +106,38 @@ class Management:
         return 200, f'Model "{name}" Version: {version} registered with {workers} initial workers'
 
     async def _start_or_remove(self, plan: VersionPlan) -> None:
-        failure = ""
+        """Scale the new version to its workers; on any failure remove it, then raise the ApiError to answer."""
+        error: ApiError | None = None
         try:
             if not await self.backend.scale(
                 plan.name, plan.version, plan.min_workers, plan.max_workers, float(plan.startup_timeout_s)
             ):
-                failure = f"workers did not start within startup_timeout={plan.startup_timeout_s} s"
+                why = f"workers did not start within startup_timeout={plan.startup_timeout_s} s"
+                error = self._start_failed(plan, why)
+        except ApiError as exc:  # e.g. a pinning the host's cores cannot hold: the caller's 400, as it was
+            error = exc
         except WorkerError as exc:
-            failure = str(exc)
-        if failure:
+            error = self._start_failed(plan, str(exc))
+        except Exception as exc:  # a bug or the OS (a spawn that fails): still nothing left registered
+            log.exception("starting the workers of %s version %s failed", plan.name, plan.version)
+            error = self._start_failed(plan, f"{type(exc).__name__}: {exc}")
+        if error is not None:
+            await self._remove_quietly(plan)
+            raise error
+
+    @staticmethod
+    def _start_failed(plan: VersionPlan, why: str) -> ApiError:
+        return ApiError.internal(f"Failed to start workers for model {plan.name} version {plan.version}: {why}")
+
+    async def _remove_quietly(self, plan: VersionPlan) -> None:
+        """Unregister a version whose registration failed; a second failure is logged, not raised over the first."""
+        try:
             await self.backend.remove(plan.name, plan.version, 0.0)
-            raise ApiError.internal(f"Failed to start workers for model {plan.name} version {plan.version}: {failure}")
+        except ApiError as exc:
+            if exc.status != 404:  # already gone
+                log.error("could not remove %s version %s after a failed start: %s", plan.name, plan.version, exc)
+        except Exception:
+            log.exception("could not remove %s version %s after a failed start", plan.name, plan.version)
 
     async def scale(
         self, name: str, version: str | None, workers: tuple[int, int], synchronous: bool, wait_s: float
@@ -157,9 +180,8 @@ class Management:
 
     async def customized_metadata(self, name: str, version: str) -> Any:
         """Ask the handler (``describe_handle``) through a describe request in a batch of its own, as TorchServe."""
-        request = InferRequest(
-            str(uuid.uuid4()), {"describe": "True"}, [Input("body", None, b"")], time.monotonic(), describe=True
-        )
+        body = [Input("body", None, b"")]
+        request = InferRequest(str(uuid.uuid4()), {}, body, time.monotonic(), control=Control(describe=True))
         try:
             result = await self.backend.infer(name, version, request)
         except ApiError as exc:
@@ -169,9 +191,10 @@ class Management:
         if result.status != 200:
             raise ApiError.internal(f"Describe failed for model {name}: {result.body.decode(errors='replace')}")
         try:
-            return json.loads(result.body)
+            value = json.loads(result.body) if result.body.strip() else None
         except json.JSONDecodeError:
             return result.body.decode(errors="replace")
+        return {} if value is None else value  # no metadata (a handler without describe_handle): {}, as TorchServe
 
     # ---- background work ---------------------------------------------------------------------
 
@@ -181,8 +204,11 @@ class Management:
 
         def done(t: asyncio.Task[Any]) -> None:
             self._background.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.error("background worker update failed: %s", t.exception())
+            error = None if t.cancelled() else t.exception()
+            if isinstance(error, ApiError) and error.status == 404:  # unregistered meanwhile: nothing left to update
+                log.info("background worker update stopped: %s", error)
+            elif error is not None:
+                log.error("background worker update failed: %s", error)
 
         task.add_done_callback(done)
 
@@ -228,6 +254,7 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
         change = p.reconfigure_params(params)
         scaling = change.empty or "min_worker" in params or "max_worker" in params
         workers = p.scale_params(params, config.max_workers_per_model)  # validated before anything changes
+        wait_s = float(p.scale_timeout(params) or SCALE_WAIT_S)
         messages = []
         if not change.empty:
             if "min_worker" in params or "max_worker" in params:
@@ -235,9 +262,8 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
             messages.append(await management.reconfigure(name, version, change))
         status = 200
         if scaling:
-            wait_s = float(p.lenient_int(params, "timeout") or SCALE_WAIT_S)
             status, scaled = await management.scale(
-                name, version, workers, p.java_bool(params, "synchronous", False), max(wait_s, 0.0)
+                name, version, workers, p.java_bool(params, "synchronous", False), wait_s
             )
             messages.append(scaled)
         return json_response({"status": "; ".join(messages)}, status)

@@ -9,8 +9,8 @@ model-config.yaml (checked when the version is registered: a bad declaration is 
       outputs: [{name: output-0, datatype: INT64, shape: [-1]}]
 
 Without ``inputs``/``outputs`` there, the handler is asked: its class (or module) may define ``model_metadata()``
-returning the same mapping; the question goes to a worker as a request in a batch of its own (header
-``x-servetune-protocol: oip-metadata``), so a version with no ready worker reports no tensors.
+returning the same mapping; the question goes to a worker as a request in a batch of its own (its typed control's
+protocol ``oip-metadata``), so a version with no ready worker reports no tensors.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.types import InferenceBackend, InferRequest, Input, ModelMetadata
-from servetune.handlers.envelopes import OIP_METADATA, PROTOCOL_HEADER
+from servetune.handlers.control import OIP_METADATA, Control
 from servetune.tensors import TensorError, TensorMetadata
 
 if TYPE_CHECKING:
@@ -68,8 +68,8 @@ def read_metadata(
 
 def metadata_request() -> InferRequest:
     """The request that asks a worker for its handler's ``model_metadata()`` (a batch of its own)."""
-    headers = {PROTOCOL_HEADER: OIP_METADATA}
-    return InferRequest(str(uuid.uuid4()), headers, [Input("body", None, b"")], time.monotonic(), describe=True)
+    body = [Input("body", None, b"")]
+    return InferRequest(str(uuid.uuid4()), {}, body, time.monotonic(), control=Control(OIP_METADATA))
 
 
 async def model_metadata(backend: InferenceBackend, plan: VersionPlan, versions: list[str]) -> ModelMetadata:

@@ -72,6 +72,29 @@ class ModelGauges:
         yield queue
 
 
+class WorkerMemoryGauges:
+    """``servetune_worker_rss_bytes`` and ``servetune_worker_pss_bytes`` per worker process, read when scraped from
+    ``workers()``: (model name, version, worker id, RSS, PSS or None). PSS splits each shared page among the
+    processes mapping it (the weights workers of one model share, torch's libraries), so the PSS of all workers
+    adds up to what they really cost; RSS counts shared pages in full for each."""
+
+    def __init__(self, workers: Callable[[], list[tuple[str, str, str, int, int | None]]]) -> None:
+        self._workers = workers
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model_name", "model_version", "worker_id"]
+        rss = GaugeMetricFamily("servetune_worker_rss_bytes", "Resident memory of a worker process", labels=labels)
+        pss = GaugeMetricFamily(
+            "servetune_worker_pss_bytes", "Proportional set size of a worker process", labels=labels
+        )
+        for name, version, worker, resident, proportional in self._workers():
+            rss.add_metric([name, version, worker], resident)
+            if proportional is not None:
+                pss.add_metric([name, version, worker], proportional)
+        yield rss
+        yield pss
+
+
 class ApiMetrics:
     """The metrics of the requests this process answers. ``observing=False``: a registry for collectors only (the
     Ray driver, which answers no prediction itself but sums its replicas' reports)."""
@@ -150,12 +173,33 @@ class ApiMetrics:
         self.registry.register(collector)  # type: ignore[arg-type]
 
 
+class _Named:
+    """The metrics of a registry whose family name, or one of whose sample names, is in ``names`` (TorchServe's
+    ``name[]`` filter). prometheus_client's ``restricted_registry`` finds only collectors that describe their names up
+    front, which TorchServe's counters and the gauges (collected when scraped) do not."""
+
+    def __init__(self, registry: CollectorRegistry, names: list[str]) -> None:
+        self.registry = registry
+        self.names = frozenset(names)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if metric.name in self.names:
+                yield metric
+                continue
+            samples = [s for s in metric.samples if s.name in self.names]
+            if samples:
+                kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                kept.samples = samples
+                yield kept
+
+
 def create_metrics_app(metrics: ApiMetrics) -> Starlette:
     """``GET /metrics[?name[]=...]`` in Prometheus text format, never token-checked (as TorchServe)."""
 
     async def metrics_endpoint(request: Request) -> Response:
         names = request.query_params.getlist("name[]")
-        registry = metrics.registry.restricted_registry(names) if names else metrics.registry
+        registry: Any = _Named(metrics.registry, names) if names else metrics.registry
         return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def api_description(request: Request) -> Response:
@@ -177,4 +221,4 @@ def create_metrics_app(metrics: ApiMetrics) -> Starlette:
     )
 
 
-__all__ = ["ApiMetrics", "ModelGauges", "create_metrics_app"]
+__all__ = ["ApiMetrics", "ModelGauges", "WorkerMemoryGauges", "create_metrics_app"]

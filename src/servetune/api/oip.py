@@ -4,7 +4,7 @@ item of the model's dynamic batch, as a TorchServe request is), the worker's ans
 REST (``servetune.api.oip_rest``) and gRPC both use these: parse the transport's request into a
 :class:`~servetune.tensors.InferenceRequest`, :func:`infer_request` -> ``Backend.infer`` -> :func:`infer_response`
 (or send the worker's REST body as it is). To the worker the request is the binary extension's body with every input
-in binary (``x-servetune-protocol: oip-v2``, ``Inference-Header-Content-Length``); the worker's envelope
+in binary (its typed control's protocol ``oip-v2``, ``Inference-Header-Content-Length``); the worker's envelope
 (``servetune.handlers.envelopes``) answers the REST body the request asks for (``binary_data_output`` in the request
 parameters: every output in binary, what gRPC wants for ``raw_output_contents``).
 
@@ -21,20 +21,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from servetune._exceptions import ApiError
-from servetune.api.types import InferRequest, InferResult, Input
-from servetune.handlers.envelopes import OIP_V2, PROTOCOL_HEADER
+from servetune.api.types import InferenceBackend, InferRequest, InferResult, Input
+from servetune.handlers.control import OIP_V2, Control
 from servetune.tensors import (
     HEADER_LENGTH,
     InferenceRequest,
     InferenceResponse,
     TensorError,
+    TensorLimitError,
     encode_request,
     parse_header_length,
     parse_response,
 )
 
 KEEP_STATUS_TYPES = ("ServiceUnavailableException", "RequestTimeoutException")  # the server's state, not the handler's
-_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", PROTOCOL_HEADER, HEADER_LENGTH.lower())
+_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", HEADER_LENGTH.lower())
 
 
 def infer_request(
@@ -53,11 +54,25 @@ def infer_request(
         request = replace(request, parameters={**request.parameters, "binary_data_output": True})
     body, header_length = encode_request(request, binary=True)
     sent = {k: v for k, v in (headers or {}).items() if k.lower() not in _DROPPED_HEADERS}
-    sent[PROTOCOL_HEADER] = OIP_V2
     sent[HEADER_LENGTH.lower()] = str(header_length if header_length is not None else len(body))
-    sent["explain"] = "True" if explain else "False"
     inputs = [Input("body", "application/octet-stream", body)]
-    return InferRequest(request_id, sent, inputs, time.monotonic() if arrival is None else arrival, is_disconnected)
+    arrived = time.monotonic() if arrival is None else arrival
+    return InferRequest(request_id, sent, inputs, arrived, is_disconnected, control=Control(OIP_V2, explain=explain))
+
+
+def tensor_error(exc: TensorError, hint: str = "") -> ApiError:
+    """A request's tensor error as the protocol's: 413 over a limit (gRPC RESOURCE_EXHAUSTED), else 400."""
+    if isinstance(exc, TensorLimitError):
+        return ApiError(str(exc), 413, "RequestEntityTooLargeException")
+    return ApiError.bad_request(f"{exc}{hint}")
+
+
+async def ensure_ready(backend: InferenceBackend, name: str, version: str | None) -> None:
+    """KServe's rule for an inference request: a model that is not ready (what its ready probe says: fewer than its
+    ``minWorkers`` ready, or crash-looping) is refused at once with 503 "Model with name ... is not ready." rather
+    than held until a worker comes up; ApiError 404 for an unknown model or version."""
+    if not await backend.ready(name, version):
+        raise ApiError.unavailable(f"Model with name {name} is not ready.")
 
 
 def answer_error(result: InferResult) -> ApiError:
@@ -88,4 +103,4 @@ def error_payload(error: ApiError) -> dict[str, str]:
     return {"error": error.message}
 
 
-__all__ = ["KEEP_STATUS_TYPES", "answer_error", "error_payload", "infer_request", "infer_response"]
+__all__ = ["KEEP_STATUS_TYPES", "answer_error", "error_payload", "infer_request", "infer_response", "tensor_error"]

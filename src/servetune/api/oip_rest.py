@@ -2,7 +2,8 @@
 
 ``GET /v2/health/live``, ``/v2/health/ready`` (the server's readiness, as ``/ping``: 503 while not ready), ``/v2``
 (server metadata), ``/v2/models`` (KServe's list), ``/v2/models/{name}[/versions/{version}]`` (model metadata),
-``.../ready`` (503 when not ready), ``POST .../infer`` (and ``.../explain``, as TorchServe routes it). Inference
+``.../ready`` (503 when not ready), ``POST .../infer`` (and ``.../explain``, as TorchServe routes it; both 503 at
+once for a model that is not ready, as KServe answers). Inference
 bodies are JSON or the binary tensor data extension (``Inference-Header-Content-Length``); gzip/deflate request
 bodies are accepted. Errors: ``{"error": message}`` (``servetune.api.oip``).
 """
@@ -23,6 +24,7 @@ from servetune import __version__
 from servetune._exceptions import ApiError
 from servetune.api.answers import (
     CLIENT_GONE,
+    answer_problem,
     new_request_id,
     observe,
     request_headers,
@@ -33,10 +35,11 @@ from servetune.api.answers import (
 from servetune.api.body import read_body
 from servetune.api.http import json_response, kserve_error_response
 from servetune.api.metrics import ApiMetrics
-from servetune.api.oip import answer_error, infer_request
+from servetune.api.offload import off_loop
+from servetune.api.oip import answer_error, ensure_ready, infer_request, tensor_error
 from servetune.api.types import InferenceBackend, InferRequest, InferResult, Readiness
 from servetune.config.server import ServerConfig
-from servetune.tensors import HEADER_LENGTH, TensorError, parse_header_length, parse_request
+from servetune.tensors import HEADER_LENGTH, InferenceRequest, TensorError, parse_header_length, parse_request
 
 SERVER_NAME = "servetune"
 EXTENSIONS = ("binary_tensor_data",)
@@ -74,10 +77,10 @@ def kserve_answer(result: InferResult, request_id: str, max_response_size: int) 
     """A worker's answer as KServe v1 / OIP v2 REST sends it: errors as ``{"error": ...}``, an oversize answer 507."""
     if result.status != 200:
         return kserve_error_response(answer_error(result))
-    response = result_response(result, request_id, max_response_size)
-    if response.status_code != 200:
-        return kserve_error_response(ApiError(f"Response of {len(result.body)} bytes is too large", 507))
-    return response
+    problem = answer_problem(result, max_response_size)
+    if problem is not None:
+        return kserve_error_response(problem)
+    return result_response(result, request_id, max_response_size)
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ def inference_runner(
         received = time.perf_counter()
         request_id = request.headers.get("x-request-id") or new_request_id()
         try:
+            await ensure_ready(backend, name, version)
             job = await make_job(request, request_id, explain)
             result = await run_watched(backend, request, name, version, job)
         except ApiError as exc:
@@ -176,14 +180,21 @@ def oip_routes(served: RestServed) -> list[BaseRoute]:
             return failed(exc, name)
         return json_response({"name": name, "ready": ready}, 200 if ready else 503)
 
-    async def v2_job(request: Request, request_id: str, explain: bool) -> InferRequest:
-        body, header_length = await read_inference_request(request, config.max_request_size)
+    def v2_request(
+        body: bytes, header_length: int | None, request_id: str, headers: dict[str, str], explain: bool
+    ) -> InferRequest:
+        """Parse (within the tensor limits) and re-encode for the worker: on a thread for a large body."""
         try:
-            parsed = parse_request(body, header_length)
+            parsed: InferenceRequest = parse_request(body, header_length, config.tensor_limits)
         except TensorError as exc:
             hint = "" if header_length is not None else f" (binary data needs the {HEADER_LENGTH} header)"
-            raise ApiError.bad_request(f"{exc}{hint if 'JSON' in str(exc) else ''}") from None
-        return infer_request(parsed, request_id, request_headers(request), explain=explain)
+            raise tensor_error(exc, hint if "JSON" in str(exc) else "") from None
+        return infer_request(parsed, request_id, headers, explain=explain)
+
+    async def v2_job(request: Request, request_id: str, explain: bool) -> InferRequest:
+        body, header_length = await read_inference_request(request, config.max_request_size)
+        headers = request_headers(request)
+        return await off_loop(len(body), v2_request, body, header_length, request_id, headers, explain)
 
     run = inference_runner(served, failed, v2_job)
 

@@ -85,7 +85,8 @@ def inference_spec(models: list[str] | None = None) -> dict[str, Any]:
         "parameters": [_path_param("model_name"), _path_param("model_version")],
         **versioned,
     }
-    spec["paths"].update(kserve_paths())
+    for path, operations in kserve_paths().items():
+        spec["paths"].setdefault(path, {}).update(operations)
     if models is not None:
         spec["x-models"] = sorted(models)
     return spec

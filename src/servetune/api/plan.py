@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from servetune._exceptions import ApiError, ConfigError
+from servetune._exceptions import ApiError, ArchiveError, ConfigError
 from servetune.api.metadata import declared_metadata
-from servetune.archive import ModelArchive
+from servetune.archive import ModelArchive, validate_model_name
 from servetune.config.model import ModelConfig, models_json_entry
 from servetune.config.server import ServerConfig
 from servetune.handlers.spec import WorkerSpec
@@ -62,6 +62,7 @@ class VersionPlan:
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
     service_envelope: str | None = None  # TorchServe's service_envelope: requests on its own routes
+    tensor_limits: tuple[int, int, int] | None = None  # the server's max_tensor_* keys, for the worker's envelopes
 
     @property
     def batch_size(self) -> int:
@@ -104,6 +105,7 @@ class VersionPlan:
             limit_max_image_pixels=self.limit_max_image_pixels,
             decode_input_request=self.decode_input_request,
             service_envelope=self.service_envelope,
+            tensor_limits=self.tensor_limits,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -115,7 +117,30 @@ class VersionPlan:
     def from_json(cls, raw: dict[str, Any]) -> VersionPlan:
         values = dict(raw)
         values["config"] = ModelConfig.from_json(values["config"])
+        if values.get("tensor_limits") is not None:
+            values["tensor_limits"] = tuple(values["tensor_limits"])
         return cls(**values)
+
+
+def check_handler(handler: Any, model_dir: Path, *, source: str) -> None:
+    """A manifest's (or the register API's) ``handler`` naming a file must name one inside the archive: TorchServe
+    imports the basename of ``../../elsewhere/x.py`` from wherever ``x`` is importable, so a file outside the archive
+    (the server's working directory) could run. ApiError 400 for a path that leaves the archive, or a ``.py`` file
+    the archive does not have; module names (``mypkg.handler``, built-ins) are left to the worker to import."""
+    if not isinstance(handler, str) or not handler.strip():
+        return
+    module = handler.partition(":")[0].strip()
+    path = module.replace("\\", "/")
+    if "/" not in path and not path.endswith(".py"):
+        return
+    parts = path.split("/")
+    if path.startswith("/") or ".." in parts or (len(parts[0]) >= 2 and parts[0][1] == ":"):
+        raise ApiError.bad_request(
+            f"{source}: handler {handler!r} must name a file inside the archive (no absolute path, no '..')"
+        )
+    stem = parts[-1].removesuffix(".py")
+    if not ((model_dir / f"{stem}.py").is_file() or (model_dir / stem / "__init__.py").is_file()):
+        raise ApiError.bad_request(f"{source}: handler {handler!r} names {stem}.py, which the archive does not contain")
 
 
 def plan_version(
@@ -125,16 +150,23 @@ def plan_version(
     manifest: dict[str, Any] = dict(archive.manifest.raw)
     info = dict(manifest.get("model") or {})
     name = params.model_name or info.get("modelName") or archive_path.name.split(".")[0]
+    try:
+        validate_model_name(name)
+    except ArchiveError as exc:
+        raise ApiError.bad_request(f"{params.url}: {exc}") from None
     version = str(info.get("modelVersion") or "1.0")
     if params.handler:
         info["handler"] = params.handler
     manifest["model"] = info
+    check_handler(info.get("handler"), archive.model_dir, source=params.url)
+    limit = config.max_workers_per_model
     model_config = ModelConfig()
     try:
         entry = (config.models.get(name) or {}).get(version) or (config.model_snapshot.get(name) or {}).get(version)
         if params.loaded_at_startup and isinstance(entry, dict):
-            model_config = models_json_entry(entry, source=f"models[{name}][{version}]")
-        model_config = model_config.merged(archive.model_config, source=f"{params.url}: model-config.yaml")
+            model_config = models_json_entry(entry, source=f"models[{name}][{version}]", max_workers=limit)
+        source = f"{params.url}: model-config.yaml"
+        model_config = model_config.merged(archive.model_config, source=source, max_workers=limit)
         declared_metadata(model_config.handler_config, source=f"{params.url}: model-config.yaml")
     except ConfigError as exc:
         raise ApiError.bad_request(str(exc)) from None
@@ -149,8 +181,8 @@ def plan_version(
         min_workers, max_workers = yaml_min, yaml_max or yaml_min
     elif params.initial_workers is not None:
         min_workers = max_workers = max(0, params.initial_workers)  # TorchServe: <= 0 registers with 0 workers
-    elif params.loaded_at_startup:
-        min_workers = max_workers = default_workers
+    elif params.loaded_at_startup:  # the host's count (GPUs, CPUs) is a default, not a request: within the limit
+        min_workers = max_workers = min(default_workers, limit)
     else:
         min_workers = max_workers = config.default_workers_per_model
     return VersionPlan(
@@ -176,7 +208,8 @@ def plan_version(
         limit_max_image_pixels=config.limit_max_image_pixels,
         decode_input_request=config.decode_input_request,
         service_envelope=config.service_envelope,
+        tensor_limits=(config.max_tensor_elements, config.max_tensor_dims, config.max_empty_tensor_span),
     )
 
 
-__all__ = ["RUNTIMES", "RegisterParams", "VersionPlan", "plan_version"]
+__all__ = ["RUNTIMES", "RegisterParams", "VersionPlan", "check_handler", "plan_version"]

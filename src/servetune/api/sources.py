@@ -1,7 +1,8 @@
 """Where a model archive may come from: the model store, or a URL that ``allowed_urls`` admits.
 
 Safe by default (ShellTorch, CVE-2023-43654): with no ``allowed_urls`` only files inside the model store
-register; ``..`` is refused before anything is touched; redirects are not followed.
+register; ``..`` is refused before anything is touched; redirects are not followed; a url that names the model store
+itself (``url=.``) is refused (400), never read as one model directory holding every archive.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ async def resolve(url: str, model_store: Path | None, allowed_urls: tuple[str, .
         candidate = (raw_path if raw_path.is_absolute() else store / raw_path).resolve()
     except (OSError, ValueError) as exc:
         raise ApiError.bad_request(f"Invalid url {url!r}: {exc}") from None
+    if candidate == store:
+        raise ApiError.bad_request(
+            f"url {url!r} names the model store itself; name an archive or a model directory inside it"
+        )
     if not candidate.is_relative_to(store):
         # Outside the store: only if an allowed_urls pattern admits this file:// URL explicitly.
         _check_allowed(candidate.as_uri(), allowed_urls)

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from servetune.handlers.control import DEFAULT, Control
 from servetune.handlers.service import InputParam
-from servetune.tensors import TensorMetadata
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: a worker process imports this module (messages) and needs no numpy
     from servetune.api.metrics import ApiMetrics
     from servetune.api.plan import RegisterParams, VersionPlan
+    from servetune.tensors import TensorMetadata
 
 
 # One input of a request: ``name`` is ``"body"`` for a raw body, else the form field's name. The handler contract's
@@ -30,11 +31,13 @@ class InferRequest:
     """One inference request, as every protocol hands it to a backend: one item of the model's dynamic batch."""
 
     request_id: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # the client's (a handler sees them less the reserved names: ``handlers.control``)
     inputs: list[Input]
     arrival: float  # time.monotonic() when the server accepted it (the batcher's delay counts from here)
     is_disconnected: Callable[[], bool] | None = None  # the client went away: drop it rather than run it
-    describe: bool = False  # a describe request (``?customized=true``): runs in a batch of its own
+    # What the server decided from the route: protocol, explain, describe (``?customized=true``: a batch of its own).
+    # Never read from headers; requests of different control never share a handler call.
+    control: Control = DEFAULT
     # A streaming request (gRPC StreamPredictions): it runs in a batch of its own, and every intermediate answer the
     # handler sends (``send_intermediate_predict_response``) reaches this callback, on the event loop, before
     # ``Backend.infer`` returns the final answer. None: intermediate answers are dropped.
@@ -42,9 +45,9 @@ class InferRequest:
 
     @property
     def solo(self) -> bool:
-        """Runs in a batch of its own: a describe request (the handler reads request 0's header), or a stream
-        (TorchServe forces batch size one for StreamPredictions)."""
-        return self.describe or self.on_partial is not None
+        """Runs in a batch of its own: a describe or metadata request (``Control.solo``), or a stream (TorchServe
+        forces batch size one for StreamPredictions)."""
+        return self.control.solo or self.on_partial is not None
 
 
 @dataclass(slots=True)
@@ -80,10 +83,11 @@ class WorkerStatus:
     status: str  # READY, STARTING, RESTARTING, CRASHED, UNLOADING
     start_time: float = 0.0  # epoch seconds
     pid: int = -1
-    memory_bytes: int = 0
+    memory_bytes: int = 0  # resident (RSS)
     gpu_id: int | None = None
     gpu_memory_bytes: int = 0
     restarts: int = 0
+    pss_bytes: int | None = None  # proportional set size: shared pages split among their processes (None: unknown)
     last_error: str = ""
     # as the worker process itself reports them (None: not known yet)
     num_threads: int | None = None

@@ -2,7 +2,8 @@
 
 Archives are extracted, safely, into a directory the caller chooses; directories are used in place.
 The manifest is read from ``MAR-INF/MANIFEST.json`` (an absent one gives the empty manifest, as in
-TorchServe) and the ``model-config.yaml`` it names, if any, is parsed with ``yaml.safe_load``.
+TorchServe) and the ``model-config.yaml`` it names, if any, is read by ``servetune.config.model_yaml``: what
+``yaml.safe_load`` accepts, within limits, as plain JSON data, or an ArchiveError naming the key.
 """
 
 from __future__ import annotations
@@ -13,16 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from servetune._exceptions import ArchiveError
+from servetune._exceptions import ArchiveError, ConfigError
 from servetune.archive.extract import extract_tar_gz, extract_zip, safe_parts
 from servetune.archive.manifest import MANIFEST_PATH, Manifest
+from servetune.config.model_yaml import MAX_MODEL_CONFIG_BYTES, load_model_yaml
 
-__all__ = ["DEFAULT_MAX_MEMBERS", "DEFAULT_MAX_UNCOMPRESSED_BYTES", "ModelArchive", "open_archive"]
+__all__ = [
+    "DEFAULT_MAX_MEMBERS",
+    "DEFAULT_MAX_UNCOMPRESSED_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "ModelArchive",
+    "open_archive",
+]
 
 DEFAULT_MAX_UNCOMPRESSED_BYTES = 8 << 30
 DEFAULT_MAX_MEMBERS = 100_000
+MAX_MANIFEST_BYTES = 64 * 1024  # torch-model-archiver writes under 1 KB; the manifest travels to every worker
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -122,18 +129,24 @@ def _undo(dest: Path, created: bool) -> None:
 def _load(source: Path, model_dir: Path, *, extracted: bool) -> ModelArchive:
     manifest_file = model_dir / MANIFEST_PATH
     if manifest_file.is_file():
-        manifest = Manifest.from_json(_read_bytes(manifest_file, source), where=f"{source}: {MANIFEST_PATH}")
+        raw = _read_bytes(manifest_file, source, limit=MAX_MANIFEST_BYTES)
+        manifest = Manifest.from_json(raw, where=f"{source}: {MANIFEST_PATH}")
     else:
         manifest = Manifest.from_dict({})
     config = _model_config(source, model_dir, manifest.model.config_file)
     return ModelArchive(source=source, model_dir=model_dir, manifest=manifest, model_config=config, extracted=extracted)
 
 
-def _read_bytes(path: Path, source: Path) -> bytes:
+def _read_bytes(path: Path, source: Path, *, limit: int) -> bytes:
+    """The file's bytes; ArchiveError if it cannot be read or is larger than ``limit`` (never read past it)."""
     try:
-        return path.read_bytes()
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)
     except OSError as exc:
         raise ArchiveError(f"{source}: cannot read {path.name}: {exc}") from exc
+    if len(raw) > limit:
+        raise ArchiveError(f"{source}: {path.name} is larger than the limit of {limit} bytes")
+    return raw
 
 
 def _model_config(source: Path, model_dir: Path, config_file: str | None) -> dict[str, Any]:
@@ -143,12 +156,8 @@ def _model_config(source: Path, model_dir: Path, config_file: str | None) -> dic
     path = model_dir.joinpath(*parts)
     if not parts or not path.is_file():
         raise ArchiveError(f"{source}: the manifest names configFile {config_file!r} but the archive has no such file")
+    raw = _read_bytes(path, source, limit=MAX_MODEL_CONFIG_BYTES)
     try:
-        data = yaml.safe_load(_read_bytes(path, source))
-    except yaml.YAMLError as exc:
-        raise ArchiveError(f"{source}: {config_file}: invalid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ArchiveError(f"{source}: {config_file}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+        return load_model_yaml(raw, where=f"{source}: {config_file}")
+    except ConfigError as exc:
+        raise ArchiveError(str(exc)) from None

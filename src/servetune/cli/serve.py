@@ -80,6 +80,15 @@ def command(
     Settings: CLI flags > environment (TS_*, when enable_envvars_config=true) > --ts-config file > defaults.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s [%(levelname)s] %(name)s - %(message)s")
+    from servetune.startup import CLOCK
+    from servetune.startup import log as startup_log
+
+    startup_log.debug(
+        "start-up: interpreter %.0f ms, CLI imports %.0f ms",
+        CLOCK.interpreter_ms,
+        CLOCK.since_exec_ms() - CLOCK.interpreter_ms,
+    )
+    CLOCK.lap_ms()
     cli: dict[str, str] = {}
     if model_store is not None:
         cli["model_store"] = str(model_store)

@@ -10,7 +10,6 @@ the runtime's annotations say (8082, ``/metrics``), and passes ``PROTOCOL_VERSIO
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,28 +28,28 @@ class Ports:
     management: int = 8085  # loopback only: KServe exposes the two above
     grpc_management: int = 7071  # loopback only
     metrics: int = 8082  # the runtime's prometheus.kserve.io/port
+    host: str = "0.0.0.0"  # where the HTTP, gRPC inference and metrics ports listen (KServe's server: everywhere)
 
 
-def kserve_config(
-    model_dir: Path, ports: Ports, environ: Mapping[str, str], workdir: Path | None = None
-) -> ServerConfig:
+def kserve_config(model_dir: Path, ports: Ports, environ: Mapping[str, str], workdir: Path) -> ServerConfig:
     """The server config for a KServe pod: the layout's config.properties (if any) with KServe's ports and the model
-    store under ``model_dir``; every start-up model in the store when the file names none."""
+    store under ``model_dir``; every start-up model in the store when the file names none. ``workdir``: a private
+    directory for the token keys (the model directory is read-only; the caller removes it)."""
     config_file = model_dir / "config" / "config.properties"
     store = model_dir / "model-store" if (model_dir / "model-store").is_dir() else model_dir
     raw = dict(read_properties(config_file)) if config_file.is_file() else {}
     overrides = {
         "model_store": str(store),
-        "inference_address": f"http://0.0.0.0:{ports.http}",
-        "grpc_inference_address": "0.0.0.0",
+        "inference_address": f"http://{_url_host(ports.host)}:{ports.http}",
+        "grpc_inference_address": ports.host,
         "grpc_inference_port": str(ports.grpc),
         "management_address": f"http://127.0.0.1:{ports.management}",
         "grpc_management_address": "127.0.0.1",
         "grpc_management_port": str(ports.grpc_management),
-        "metrics_address": f"http://0.0.0.0:{ports.metrics}",
+        "metrics_address": f"http://{_url_host(ports.host)}:{ports.metrics}",
         "enable_metrics_api": "true",
         # the keys go to a private directory: the model directory is read-only, the working directory may be too
-        "key_file": str((workdir or Path(tempfile.mkdtemp(prefix="servetune-kserve-"))) / "key_file.json"),
+        "key_file": str(workdir / "key_file.json"),
     }
     if "load_models" not in raw and "model_snapshot" not in raw:
         overrides["load_models"] = "all"
@@ -58,6 +57,10 @@ def kserve_config(
     if envelope:
         overrides["service_envelope"] = envelope
     return ServerConfig.load(config_file if config_file.is_file() else None, cli=overrides, environ=environ)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
 
 
 __all__ = ["ENVELOPES", "MODEL_DIR", "Ports", "kserve_config"]

@@ -2,6 +2,10 @@
 
 Precedence (TorchServe's): ``models=`` JSON in config.properties < model-config.yaml in the archive
 < management API parameters. Keys the frontend does not know reach the handler as ``model_yaml_config``.
+
+Every source of a setting has the same bounds and the same refusal (:func:`out_of_range`): ``batchSize`` in an
+archive, in ``models=`` and ``batch_size`` on the API (REST or gRPC) all stop at :data:`LIMIT`; workers at the
+server's ``max_workers_per_model``.
 """
 
 from __future__ import annotations
@@ -14,20 +18,36 @@ from servetune._exceptions import ConfigError
 
 DEFAULT_BATCH_SIZE = 1
 DEFAULT_MAX_BATCH_DELAY_MS = 100
+LIMIT = 1_000_000  # the largest batch size, delay, timeout, queue or thread count, from any source
+JAVA_INT_MAX = 2**31 - 1  # TorchServe reads every integer setting into a Java int
 
-# model-config.yaml key -> (ModelConfig field, type, minimum)
-_YAML_KEYS: dict[str, tuple[str, type, int]] = {
-    "minWorkers": ("min_workers", int, 0),
-    "maxWorkers": ("max_workers", int, 0),
-    "batchSize": ("batch_size", int, 1),
-    "maxBatchDelay": ("max_batch_delay_ms", int, 0),
-    "responseTimeout": ("response_timeout_s", int, 1),
-    "startupTimeout": ("startup_timeout_s", int, 1),
-    "jobQueueSize": ("job_queue_size", int, 1),
-    "numThreads": ("num_threads", int, 0),
-    "interOpThreads": ("inter_op_threads", int, 0),
-    "clientTimeoutInMills": ("client_timeout_ms", int, 0),
+# model-config.yaml key -> (ModelConfig field, minimum, maximum); a maximum of None: the server's max_workers_per_model.
+# The minimums are the management API's for the same setting (startup_timeout=0 is accepted there, as in TorchServe).
+_YAML_KEYS: dict[str, tuple[str, int, int | None]] = {
+    "minWorkers": ("min_workers", 0, None),
+    "maxWorkers": ("max_workers", 0, None),
+    "batchSize": ("batch_size", 1, LIMIT),
+    "maxBatchDelay": ("max_batch_delay_ms", 0, LIMIT),
+    "responseTimeout": ("response_timeout_s", 1, LIMIT),
+    "startupTimeout": ("startup_timeout_s", 0, LIMIT),
+    "jobQueueSize": ("job_queue_size", 1, LIMIT),
+    "numThreads": ("num_threads", 0, LIMIT),
+    "interOpThreads": ("inter_op_threads", 0, LIMIT),
+    "clientTimeoutInMills": ("client_timeout_ms", 0, JAVA_INT_MAX),
 }
+
+
+def shown(value: object, width: int = 24) -> str:
+    """A value as an error message quotes it: long ones cut, with their length."""
+    text = str(value)
+    return text if len(text) <= width else f"{text[:width]}... ({len(text)} characters)"
+
+
+def out_of_range(key: str, value: object, minimum: int, maximum: int, *, workers: bool = False) -> str:
+    """The one wording of a setting outside its bounds, whichever source it came from (the caller prefixes the
+    source where it is a file)."""
+    text = f"{key} must be between {minimum} and {maximum}, got {shown(value)}"
+    return f"{text} (max_workers_per_model={maximum})" if workers else text
 
 
 @dataclass(frozen=True)
@@ -49,14 +69,19 @@ class ModelConfig:
     client_timeout_ms: int = 0
     handler_config: Mapping[str, Any] = field(default_factory=dict)  # the whole YAML, as the handler sees it
 
-    def merged(self, other: Mapping[str, Any], *, source: str) -> ModelConfig:
-        """Return a copy with the model-config.yaml style keys of ``other`` applied on top."""
+    def merged(self, other: Mapping[str, Any], *, source: str, max_workers: int = LIMIT) -> ModelConfig:
+        """Return a copy with the model-config.yaml style keys of ``other`` applied on top; ``max_workers`` bounds
+        ``minWorkers``/``maxWorkers`` (the server's ``max_workers_per_model``)."""
         changes: dict[str, Any] = {}
         for key, value in other.items():
             if key in _YAML_KEYS:
-                name, kind, minimum = _YAML_KEYS[key]
-                if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                    raise ConfigError(f"{source}: {key}={value!r}: expected an integer >= {minimum}")
+                name, minimum, maximum = _YAML_KEYS[key]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"{source}: {key} must be an integer, got {shown(repr(value))}")
+                bound = max_workers if maximum is None else maximum
+                if not minimum <= value <= bound:
+                    message = out_of_range(key, value, minimum, bound, workers=maximum is None)
+                    raise ConfigError(f"{source}: {message}")
                 changes[name] = value
             elif key == "deviceType":
                 if value not in ("cpu", "gpu"):
@@ -97,7 +122,7 @@ class ModelConfig:
         return cls(**values)
 
 
-def models_json_entry(entry: Mapping[str, Any], *, source: str) -> ModelConfig:
-    """Read one version entry of config.properties' ``models=`` JSON (same camelCase keys as the YAML)."""
+def models_json_entry(entry: Mapping[str, Any], *, source: str, max_workers: int = LIMIT) -> ModelConfig:
+    """Read one version entry of config.properties' ``models=`` JSON (same camelCase keys and bounds as the YAML)."""
     known = {k: v for k, v in entry.items() if k in _YAML_KEYS or k in ("deviceType", "deviceIds", "cpuPinning")}
-    return ModelConfig().merged(known, source=source)
+    return ModelConfig().merged(known, source=source, max_workers=max_workers)

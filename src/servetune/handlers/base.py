@@ -129,11 +129,29 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
         model: torch.nn.Module = classes[0]()
         if model_pt_path:
             weights_only = self.model_yaml_config.get("weights_only", True) is not False
-            loaded = torch.load(model_pt_path, map_location=self.device, weights_only=weights_only)
+            loaded, mapped = self._load_weights(model_pt_path, weights_only)
             if isinstance(loaded, torch.nn.Module):  # a whole pickled model (only with weights_only: false)
                 return loaded
-            model.load_state_dict(loaded)
+            model.load_state_dict(loaded, assign=mapped)
         return model
+
+    def _load_weights(self, model_pt_path: str, weights_only: bool) -> tuple[Any, bool]:
+        """``torch.load`` of the serialized file, and whether its tensors are memory-mapped.
+
+        On the CPU the weights are memory-mapped from the archive's one
+        extracted copy, and ``load_state_dict(assign=True)`` makes them the model's parameters: every worker of
+        the model then reads the same page-cache pages instead of holding a private copy (copy-on-write, so a model
+        that writes its weights still only changes its own). ``mmap_weights: false`` in model-config.yaml, or a
+        file torch cannot map (the legacy, pre-zip format), loads a private copy as before."""
+        mmap = self.map_location == "cpu" and self.model_yaml_config.get("mmap_weights", True) is not False
+        if mmap:
+            try:
+                loaded = torch.load(model_pt_path, map_location="cpu", weights_only=weights_only, mmap=True)
+            except RuntimeError as exc:
+                logger.debug("weights of %s not memory-mapped (%s): loading a private copy", model_pt_path, exc)
+            else:
+                return loaded, True
+        return torch.load(model_pt_path, map_location=self.device, weights_only=weights_only), False
 
     def _apply_optimization(self) -> None:
         """Apply ``model_yaml_config["optimization"]`` (a name from servetune.optimize) to ``self.model``.

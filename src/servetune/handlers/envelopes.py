@@ -1,14 +1,18 @@
 """Request envelopes: how a handler sees a KServe v1 or Open Inference Protocol v2 request, and how its answer is
 wrapped back (TorchServe's ``ts/torch_handler/request_envelope``, without its first-request-only bug).
 
-The API layer tells the worker which protocol a request came in by with the header ``x-servetune-protocol``
-(:data:`KSERVE_V1`, :data:`OIP_V2`; absent on TorchServe's own routes). The envelope is chosen per request:
+The API layer tells the worker which protocol a request came in by in its typed control
+(``servetune.handlers.control``: :data:`KSERVE_V1`, :data:`OIP_V2`, ``TORCHSERVE`` on TorchServe's own routes), never
+in a header a client could send. The envelope is chosen per request:
 
 - KServe v1 -> ``kserve``: the handler gets the ``instances`` (or ``inputs``) of the request, answers one item per
   instance, and the request gets ``{"predictions": [...]}`` (``{"explanations": [...]}`` for ``:explain``).
-- OIP v2 -> ``kservev2`` (TorchServe's shape): one item per input tensor, ``{"name", "shape", "datatype", "data"}``
-  with ``data`` nested to the shape (a BYTES tensor: its first element, as text when it is UTF-8); each returned item
-  becomes an output named after the input at its index, flattened. Or ``tensors`` (servetune's form), when the
+- OIP v2 -> ``kservev2`` (TorchServe's shape, the default for every handler): one item per input tensor,
+  ``{"name", "shape", "datatype", "data"}`` with ``data`` nested to the shape (a BYTES tensor of one element: that
+  element, as text when it is UTF-8, which is what a raw-bytes handler reads as the body); each returned item becomes
+  an output named after the input at its index, flattened. A BYTES tensor of N > 1 elements (a batch dimension) is N
+  items, one per element, and its N answers one output of N elements named after it (TorchServe handed over only the
+  first element). Or ``tensors`` (servetune's form), when the
   handler (class or module) sets ``servetune_envelope = "tensors"``: one :class:`~servetune.tensors.InferenceRequest`
   per request, answered by an ``InferenceResponse``, a list of ``Tensor``, a ``{name: array}`` dict or one array.
 - TorchServe's routes -> the ``service_envelope`` configured (``body``, ``json``, ``kserve``, ``kservev2``), or none.
@@ -26,32 +30,24 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from types import ModuleType
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune.handlers.codec import error_body
 from servetune.handlers.context import Context, RequestProcessor
+from servetune.handlers.control import KSERVE_V1, OIP_METADATA, OIP_V2
 from servetune.handlers.util import BadInputError
-from servetune.tensors import (
-    BINARY_PARAMETERS,
-    HEADER_LENGTH,
-    InferenceRequest,
-    InferenceResponse,
-    Tensor,
-    TensorError,
-    encode_response,
-    parse_header_length,
-    parse_request,
-)
+
+if TYPE_CHECKING:
+    from servetune.tensors import InferenceRequest, Tensor
+
+# The OIP tensor codec (servetune.tensors, numpy) is imported by the functions that use it, on a worker's first
+# v2 request: most of a worker's start-up time is numpy's import, and a handler spoken to over TorchServe's or
+# KServe v1's protocol never needs it.
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_HEADER = "x-servetune-protocol"
-KSERVE_V1 = "kserve-v1"
-OIP_V2 = "oip-v2"
-OIP_METADATA = "oip-metadata"  # not a prediction: the handler's ``model_metadata()``, answered without ``handle``
 SERVICE_ENVELOPES = ("body", "json", "kserve", "kservev2")  # TorchServe's ``service_envelope`` values
 FORM_ATTRIBUTE = "servetune_envelope"  # on the handler class or module: "tensors" for servetune's form of v2
 
@@ -134,12 +130,21 @@ class KServeEnvelope:
         return instances, None
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
-        key = "explanations" if context.get_request_header(idx, "explain") == "True" else "predictions"
+        key = "explanations" if context.get_request_control(idx).explain else "predictions"
         return {key: answers}
 
 
 def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceRequest:
     """The OIP request of one row: the API's binary form, or a JSON body on TorchServe's routes."""
+    from servetune.tensors import (
+        BINARY_PARAMETERS,
+        HEADER_LENGTH,
+        TensorError,
+        TensorLimitError,
+        parse_header_length,
+        parse_request,
+    )
+
     body = _body(row)
     try:
         if isinstance(body, (dict, list)):
@@ -149,21 +154,26 @@ def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceReq
         if not isinstance(body, (bytes, bytearray)):
             raise TensorError("the body is empty")
         header = context.get_request_header(idx, HEADER_LENGTH)
-        request = parse_request(body, parse_header_length(header if isinstance(header, str) else None))
+        length = parse_header_length(header if isinstance(header, str) else None)
+        request = parse_request(body, length, context.tensor_limits)
     except TensorError as exc:
-        raise BadInputError(str(exc)) from None
+        raise BadInputError(str(exc), 413 if isinstance(exc, TensorLimitError) else 400) from None
     for tensor in request.inputs:
         tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in BINARY_PARAMETERS}
     return request
 
 
 def _handler_parameters(request: InferenceRequest) -> dict[str, Any]:
+    from servetune.tensors import BINARY_PARAMETERS
+
     return {k: v for k, v in request.parameters.items() if k not in BINARY_PARAMETERS}
 
 
 def oip_answer(request: InferenceRequest, outputs: list[Tensor], context: Context, idx: int, **extra: Any) -> bytes:
     """The REST body of a v2 answer (the outputs the request asks for, in the form it asks for); sets the request's
     content type and ``Inference-Header-Content-Length``."""
+    from servetune.tensors import HEADER_LENGTH, InferenceResponse, TensorError, encode_response
+
     info = (context.manifest or {}).get("model") or {}
     response = InferenceResponse(
         model_name=extra.get("model_name") or context.model_name,
@@ -187,49 +197,79 @@ def oip_answer(request: InferenceRequest, outputs: list[Tensor], context: Contex
 
 
 class KServeV2Envelope:
-    """``kservev2`` (TorchServe's shape of OIP v2): one item per input tensor, one output per answer."""
+    """``kservev2`` (TorchServe's shape of OIP v2): one item per input tensor, one output per answer; a BYTES tensor of
+    several elements (a batch of images, of texts) is one item per element, answered as one output of its shape."""
 
     def parse(self, row: dict[str, Any], context: Context, idx: int) -> tuple[list[Any], Any]:
         request = oip_request(row, context, idx)
-        items = []
+        items: list[dict[str, Any]] = []
         for tensor in request.inputs:
-            item: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
-            if tensor.datatype == "BYTES":
-                first = tensor.data.reshape(-1)[0] if tensor.data.size else b""
-                try:
-                    item["data"] = first.decode("utf-8")
-                except UnicodeDecodeError:
-                    item["data"] = first
+            extra: dict[str, Any] = {"parameters": dict(tensor.parameters)} if tensor.parameters else {}
+            if tensor.datatype == "BYTES" and tensor.data.size > 1:  # a batch dimension: one item per element
+                for element in tensor.data.reshape(-1):
+                    items.append({"name": tensor.name, "shape": [1], "datatype": "BYTES", "data": _text(element)})
+                    items[-1].update(extra)
+                continue
+            if tensor.datatype == "BYTES":  # TorchServe's: the first (here the only) element, as text when UTF-8
+                data: Any = _text(tensor.data.reshape(-1)[0] if tensor.data.size else b"")
             else:
-                item["data"] = tensor.data.tolist()
-            if tensor.parameters:
-                item["parameters"] = dict(tensor.parameters)
-            items.append(item)
+                data = tensor.data.tolist()
+            items.append({"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype, "data": data})
+            items[-1].update(extra)
         return items, request
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
         request: InferenceRequest = state
         names = [t.name for t in request.inputs]
-        outputs = []
-        for i, answer in enumerate(answers):
-            name = names[i] if i < len(names) else f"output-{i}"
-            try:
-                tensor = Tensor.from_array(name, _texts(answer))
-            except TensorError as exc:
-                raise BadInputError(f"the handler's answer cannot be an OIP tensor: {exc}", 500) from None
-            outputs.append(Tensor(name, tensor.datatype, (tensor.data.size,), tensor.data.reshape(-1)))
+        counts = [t.data.size if t.datatype == "BYTES" and t.data.size > 1 else 1 for t in request.inputs]
+        if max(counts, default=1) == 1:  # TorchServe's shape: answer i is output i, flattened
+            named = [(names[i] if i < len(names) else f"output-{i}", answer) for i, answer in enumerate(answers)]
+            return oip_answer(request, [_output(name, answer, flat=True) for name, answer in named], context, idx)
+        if len(answers) != sum(counts):
+            raise BadInputError(
+                f"the handler answered {len(answers)} items for the {sum(counts)} elements of the request's inputs", 500
+            )
+        outputs, pos = [], 0
+        for name, count in zip(names, counts, strict=True):
+            chunk = answers[pos : pos + count]
+            pos += count
+            outputs.append(_output(name, chunk[0], flat=True) if count == 1 else _output(name, chunk, flat=False))
         return oip_answer(request, outputs, context, idx)
+
+
+def _text(element: bytes) -> str | bytes:
+    """A BYTES element as the ``kservev2`` envelope hands it over: text when it is UTF-8, else the bytes."""
+    try:
+        return element.decode("utf-8")
+    except UnicodeDecodeError:
+        return element
+
+
+def _output(name: str, answer: Any, *, flat: bool) -> Tensor:
+    """An answer as output ``name``: flattened (one answer), or in its own shape (the answers to the elements of a
+    BYTES input: a list, one per element)."""
+    from servetune.tensors import Tensor, TensorError
+
+    try:
+        tensor = Tensor.from_array(name, _texts(answer))
+    except TensorError as exc:
+        raise BadInputError(f"the handler's answer cannot be an OIP tensor: {exc}", 500) from None
+    return Tensor(name, tensor.datatype, (tensor.data.size,), tensor.data.reshape(-1)) if flat else tensor
 
 
 class TensorsEnvelope:
     """``tensors`` (servetune's form of OIP v2): one ``InferenceRequest`` per request, one answer per request."""
 
     def parse(self, row: dict[str, Any], context: Context, idx: int) -> tuple[list[Any], Any]:
+        from servetune.tensors import InferenceRequest
+
         request = oip_request(row, context, idx)
         handed = InferenceRequest(request.inputs, request.id, _handler_parameters(request), request.outputs)
         return [handed], request
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
+        from servetune.tensors import InferenceResponse, Tensor, TensorError
+
         request: InferenceRequest = state
         answer = answers[0] if len(answers) == 1 else answers
         extra: dict[str, Any] = {}
@@ -259,6 +299,8 @@ class TensorsEnvelope:
 def _texts(value: Any) -> Any:
     """An answer as an array; objects in it (a dict a handler returned) become their JSON text, a valid BYTES
     element (TorchServe put the object itself in ``data``)."""
+    import numpy as np
+
     if not isinstance(value, (list, tuple, dict, str, bytes)):
         return value  # an array, a tensor, a number
     try:
@@ -328,9 +370,10 @@ class Envelopes:
         """Requests by envelope, in order of first appearance; None: no request needs one."""
         keys: dict[str, list[int]] = {}
         for i in range(size):
-            if context.get_request_header(i, "describe") == "True":
+            control = context.get_request_control(i)
+            if control.describe:
                 return None
-            protocol = context.get_request_header(i, PROTOCOL_HEADER)
+            protocol = control.protocol
             key = {KSERVE_V1: "kserve", OIP_V2: self.v2, OIP_METADATA: OIP_METADATA}.get(protocol, self.default)
             keys.setdefault(key or "", []).append(i)
         if list(keys) == [""]:
@@ -407,11 +450,15 @@ class Envelopes:
 
 
 def _reject(processor: RequestProcessor, request_id: str | None, exc: BadInputError) -> bytes:
-    code = exc.error_code if isinstance(exc.error_code, int) else 400
-    processor.report_status(code, "Bad Request" if code == 400 else "Internal Server Error")
+    code = exc.error_code if isinstance(exc.error_code, int) and 400 <= exc.error_code <= 599 else 400
+    processor.report_status(code, HTTPStatus(code).phrase if code in _STATUSES else "Error")
     processor.add_response_property("content-type", "application/json")
     message = f"request {request_id}: {exc.message}" if request_id else exc.message
-    return error_body(code, exc.error_type if code == 400 else "InternalServerException", message)
+    kind = "RequestEntityTooLargeException" if code == 413 else exc.error_type
+    return error_body(code, kind if code < 500 else "InternalServerException", message)
+
+
+_STATUSES = frozenset(s.value for s in HTTPStatus)
 
 
 def handler_metadata(owner: Any) -> Any:
@@ -437,7 +484,6 @@ __all__ = [
     "KSERVE_V1",
     "OIP_METADATA",
     "OIP_V2",
-    "PROTOCOL_HEADER",
     "SERVICE_ENVELOPES",
     "Envelopes",
     "handler_metadata",

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchvision import transforms
 
+from servetune.handlers.imaging import ImagenetPreprocess
 from servetune.handlers.metrics import timed
 from servetune.handlers.util import map_class_to_label
-from servetune.handlers.vision import IMAGENET_MEAN, IMAGENET_STD, VisionHandler, to_rgb
+from servetune.handlers.vision import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
 
 __all__ = ["ImageClassifier"]
 
@@ -23,15 +23,7 @@ class ImageClassifier(VisionHandler):
     """Resize 256, centre-crop 224, normalise; softmax and the ``topk`` most likely classes."""
 
     topk = 5
-    image_processing = transforms.Compose(
-        [
-            transforms.Lambda(to_rgb),
-            transforms.Resize(256),
-            transforms.CenterCrop(224),
-            transforms.ToTensor(),
-            transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-        ]
-    )
+    image_processing = ImagenetPreprocess(256, 224, IMAGENET_MEAN, IMAGENET_STD)  # no torchvision needed
 
     def set_max_result_classes(self, topk: int) -> None:
         self.topk = topk

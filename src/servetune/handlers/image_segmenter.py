@@ -10,24 +10,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torchvision import transforms
 
+from servetune.handlers.imaging import ImagenetPreprocess
 from servetune.handlers.metrics import timed
-from servetune.handlers.vision import IMAGENET_MEAN, IMAGENET_STD, VisionHandler, to_rgb
+from servetune.handlers.vision import IMAGENET_MEAN, IMAGENET_STD, VisionHandler
 
 __all__ = ["ImageSegmenter"]
 
 
 class ImageSegmenter(VisionHandler):
-    image_processing = transforms.Compose(
-        [
-            transforms.Lambda(to_rgb),
-            transforms.Resize(256),
-            transforms.CenterCrop(224),
-            transforms.ToTensor(),
-            transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD),
-        ]
-    )
+    image_processing = ImagenetPreprocess(256, 224, IMAGENET_MEAN, IMAGENET_STD)  # no torchvision needed
 
     @timed
     def postprocess(self, data: Any) -> list[Any]:

@@ -1,9 +1,10 @@
 """Find a model's handler from the manifest's ``model.handler`` string, as TorchServe's ``ts/model_loader.py``.
 
 The string is ``file.py``, ``module``, ``module:function`` or a built-in name. A module found in the model
-directory (or importable) wins over a built-in of the same name, like TorchServe. The entry point is the
-module's ``handle(data, context)`` function (initialised by ``handle(None, context)``) or, failing that,
-the module's one class, instantiated, with ``initialize(context)`` and ``handle(data, context)``.
+directory (or importable) wins over a built-in of the same name, like TorchServe; a string that names a file
+(``x.py``, ``dir/x``) loads only the model directory's own ``x.py``, never one found elsewhere on the path.
+The entry point is the module's ``handle(data, context)`` function (initialised by ``handle(None, context)``)
+or, failing that, the module's one class, instantiated, with ``initialize(context)`` and ``handle(data, context)``.
 """
 
 from __future__ import annotations
@@ -52,11 +53,18 @@ def import_handler_module(handler: str, model_dir: Path) -> tuple[ModuleType, st
     """The module named by ``handler`` and the function name after ``:``, if any."""
     module_part, _, function_name = handler.partition(":")
     module_name = module_part.strip()
+    names_file = module_name.endswith(".py") or "/" in module_name or "\\" in module_name
     if module_name.endswith(".py"):
         module_name = module_name[:-3]
     module_name = module_name.replace("\\", "/").rsplit("/", 1)[-1]
     if not module_name:
         raise HandlerError(f"handler {handler!r} names no module")
+    if names_file and not (
+        (model_dir / f"{module_name}.py").is_file() or (model_dir / module_name / "__init__.py").is_file()
+    ):
+        # A file, not a module: only the model's own (TorchServe would import the basename from anywhere on the
+        # path, the server's working directory included).
+        raise HandlerError(f"handler {handler!r}: no {module_name}.py in the model directory {model_dir}")
     if _is_importable(module_name):
         module = importlib.import_module(module_name)
     elif module_name in BUILTIN_HANDLERS:

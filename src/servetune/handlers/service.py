@@ -4,6 +4,10 @@
 JSON shape ``{"code": N, "type": "...", "message": "..."}``. One bad request does not fail its batch:
 inputs that cannot be decoded are answered 400 before the handler runs, and if ``handle`` raises for a
 batch of several requests, each request is run again alone so that only the offending ones fail.
+
+A batch is split by each request's typed control (``servetune.handlers.control``: protocol, explain, describe):
+requests of different kinds never share a handler call, so nothing one client sends changes how another client's
+request is handled. An explain request to a handler that cannot explain is answered 501 without calling it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from servetune._exceptions import HandlerError
 from servetune.handlers.codec import UnsupportedOutputError, decode_value, encode_value, error_body
 from servetune.handlers.compat import install_ts_alias
 from servetune.handlers.context import Context, RequestProcessor
+from servetune.handlers.control import DEFAULT, KSERVE_V1, OIP_V2, Control, handler_explains, handler_headers
 from servetune.handlers.envelopes import with_envelopes
 from servetune.handlers.loader import EntryPoint, forget_shadowed_modules, import_handler_module, resolve_entry_point
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
+from servetune.tensor_limits import TensorLimits
 
 __all__ = ["InputParam", "Request", "Response", "Service", "load_service"]
 
@@ -45,8 +51,9 @@ class InputParam:
 @dataclass(frozen=True)
 class Request:
     request_id: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # the client's; the handler sees them through ``handler_headers``
     inputs: list[InputParam]
+    control: Control = DEFAULT
 
 
 @dataclass
@@ -66,10 +73,18 @@ def error_response(code: int, message: str, error_type: str = "InternalServerExc
 class Service:
     """A loaded handler bound to its ``Context``."""
 
-    def __init__(self, context: Context, entry_point: EntryPoint, *, decode_input_request: bool = True) -> None:
+    def __init__(
+        self,
+        context: Context,
+        entry_point: EntryPoint,
+        *,
+        decode_input_request: bool = True,
+        explains: bool = True,
+    ) -> None:
         self._context = context
         self._entry_point = entry_point
         self._decode = decode_input_request
+        self._explains = explains  # False: explain requests are answered 501 without calling the handler
 
     @property
     def context(self) -> Context:
@@ -85,17 +100,23 @@ class Service:
 
     def _predict(self, batch: list[Request]) -> list[Response]:
         responses: list[Response | None] = [None] * len(batch)
-        runnable: list[int] = []
-        rows: list[dict[str, Any]] = []
+        groups: dict[tuple[str, bool, bool], tuple[list[int], list[dict[str, Any]]]] = {}
         for i, request in enumerate(batch):
+            if request.control.explain and not self._explains:
+                message = f"{self._context.model_name}'s handler does not provide explanations"
+                responses[i] = error_response(501, message, "ModelException")
+                continue
             try:
-                rows.append(self._decode_request(request))
-                runnable.append(i)
+                row = self._decode_request(request)
             except BadInputError as exc:
                 message = f"request {request.request_id}: {exc.message}"
                 responses[i] = error_response(exc.error_code, message, exc.error_type)
-        if runnable:
-            for i, response in zip(runnable, self._run([batch[i] for i in runnable], rows), strict=True):
+                continue
+            indices, rows = groups.setdefault(request.control.key, ([], []))
+            indices.append(i)
+            rows.append(row)
+        for indices, rows in groups.values():  # one handler call per kind, in order of first appearance
+            for i, response in zip(indices, self._run([batch[i] for i in indices], rows), strict=True):
                 responses[i] = response
         return [r if r is not None else error_response(503, "Prediction failed") for r in responses]
 
@@ -105,7 +126,7 @@ class Service:
     def _run(self, requests: list[Request], rows: list[dict[str, Any]]) -> list[Response]:
         ctx = self._context
         ctx.request_ids = {i: r.request_id for i, r in enumerate(requests)}
-        ctx.request_processor = [RequestProcessor(_request_headers(r)) for r in requests]
+        ctx.request_processor = [RequestProcessor(_request_headers(r), r.control) for r in requests]
         ctx.metrics.set_request_ids(ctx.request_ids)
         start = time.perf_counter()
         try:
@@ -117,7 +138,9 @@ class Service:
                 )
                 # decoded afresh: the failed call may have mutated its input
                 return [response for r in requests for response in self._run([r], [self._decode_request(r)])]
-            return [_exception_response(exc)]
+            # KServe's clients get the handler's error, as KServe's model server answers; TorchServe's routes keep
+            # TorchServe's bare "Prediction failed".
+            return [_exception_response(exc, detail=requests[0].control.protocol in (KSERVE_V1, OIP_V2))]
         if not isinstance(ret, list):
             logger.warning("model: %s, Invalid return type: %s.", ctx.model_name, type(ret))
             return [error_response(503, "Invalid model predict output") for _ in requests]
@@ -150,13 +173,14 @@ class Service:
 
 
 def _request_headers(request: Request) -> dict[str, Any]:
-    # As TorchServe's worker: one {"content-type": ...} entry per input name, then the HTTP headers.
+    # As TorchServe's worker: one {"content-type": ...} entry per input name, then the HTTP headers; the server's
+    # control headers (``explain``, ``describe``) from the typed control, never a client's copy.
     headers: dict[str, Any] = {p.name: {"content-type": p.content_type} for p in request.inputs}
-    headers.update(request.headers)
+    headers.update(handler_headers(request.headers, request.control))
     return headers
 
 
-def _exception_response(exc: Exception) -> Response:
+def _exception_response(exc: Exception, detail: bool = False) -> Response:
     if isinstance(exc, PredictionException):
         logger.error("Prediction error", exc_info=exc)
         code = exc.error_code if isinstance(exc.error_code, int) and 100 <= exc.error_code <= 599 else 500
@@ -169,7 +193,7 @@ def _exception_response(exc: Exception) -> Response:
         logger.error("CUDA out of memory", exc_info=exc)
         return error_response(507, "Out of resources")
     logger.warning("Invoking custom service failed.", exc_info=exc)
-    return error_response(503, "Prediction failed")
+    return error_response(503, f"Prediction failed: {type(exc).__name__}: {exc}" if detail else "Prediction failed")
 
 
 def load_service(
@@ -183,6 +207,7 @@ def load_service(
     limit_max_image_pixels: bool = True,
     decode_input_request: bool = True,
     service_envelope: str | None = None,
+    tensor_limits: TensorLimits | None = None,
 ) -> Service:
     """Import the handler named by ``manifest["model"]["handler"]`` and initialise it. Its entry point is wrapped by
     the request envelopes (``servetune.handlers.envelopes``: KServe v1 / OIP v2 requests, ``service_envelope``).
@@ -209,6 +234,8 @@ def load_service(
         MetricsCache(model_name),
         model_yaml_config,
     )
+    if tensor_limits is not None:
+        context.tensor_limits = tensor_limits
     try:
         forget_shadowed_modules(model_dir)
         module, function_name = import_handler_module(handler, model_dir)
@@ -219,7 +246,8 @@ def load_service(
     except Exception as exc:
         raise HandlerError(f"model {model_name!r}: handler {handler!r} failed to load: {_summary(exc)}") from exc
     wrapped = with_envelopes(entry_point, module, service_envelope)
-    return Service(context, wrapped, decode_input_request=decode_input_request)
+    explains = handler_explains(wrapped.owner)
+    return Service(context, wrapped, decode_input_request=decode_input_request, explains=explains)
 
 
 def _summary(exc: BaseException, frames: int = 6) -> str:

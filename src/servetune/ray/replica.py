@@ -157,7 +157,7 @@ class ModelReplica:
 
     async def infer(self, request: InferRequest) -> InferResult:
         """One request through this version's batch queue; a describe request runs in a batch of its own."""
-        if request.describe:
+        if request.control.describe:
             return (await self._run([request]))[0]
         result: InferResult = await self.batched(request)
         return result
@@ -218,7 +218,7 @@ class ModelReplica:
         started = time.monotonic()
         if self.stuck is not None:  # a timed-out batch may still hold the handler: wait for the replacement
             return [_error(r, ApiError.unavailable(self.stuck)) for r in requests]
-        batch = [Request(r.request_id, r.headers, r.inputs) for r in requests]
+        batch = [Request(r.request_id, r.headers, r.inputs, r.control) for r in requests]
         timeout = float(self.plan.response_timeout_s)
         try:
             responses = await asyncio.wait_for(asyncio.to_thread(self.service.predict, batch), timeout)

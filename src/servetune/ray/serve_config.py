@@ -26,7 +26,14 @@ MODEL_APP_IMPORT = "servetune.ray.app:model_app"
 FRONTEND_APP_IMPORT = "servetune.ray.app:frontend_app"
 FRONTEND_DEPLOYMENT = "Frontend"
 DEFAULT_ONGOING_BATCHES = 2
-SERVER_KEYS = ("max_request_size", "max_response_size")  # the server settings a replica's inference API needs
+# the server settings a replica's inference API needs
+SERVER_KEYS = (
+    "max_request_size",
+    "max_response_size",
+    "max_tensor_elements",
+    "max_tensor_dims",
+    "max_empty_tensor_span",
+)
 
 
 def server_settings(config: ServerConfig) -> dict[str, Any]:

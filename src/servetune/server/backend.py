@@ -11,11 +11,12 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from servetune._exceptions import ApiError, ArchiveError
 from servetune.api.metadata import model_metadata
-from servetune.api.metrics import ApiMetrics, ModelGauges
+from servetune.api.metrics import ApiMetrics, ModelGauges, WorkerMemoryGauges
 from servetune.api.plan import RegisterParams, VersionPlan, plan_version
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, ModelStatus, Reconfigure
 from servetune.archive import open_archive
@@ -24,6 +25,7 @@ from servetune.hardware import detect_gpus
 from servetune.server.model import ServedModel
 from servetune.server.placement import Placement
 from servetune.server.registry import ModelRegistry
+from servetune.startup import log as startup_log
 
 
 class NativeBackend:
@@ -39,8 +41,17 @@ class NativeBackend:
         self.metrics.register(
             ModelGauges(lambda: [(m.name, m.version, m.ready_workers, len(m.batcher)) for m in self.registry.all()])
         )
+        self.metrics.register(WorkerMemoryGauges(self._worker_memory))
         self._workdir = Path(tempfile.mkdtemp(prefix="servetune-models-"))
         self._extracted: dict[str, Path] = {}  # model dir -> the extraction directory to delete with it
+
+    def _worker_memory(self) -> list[tuple[str, str, str, int, int | None]]:
+        return [
+            (m.name, m.version, w.id, w.memory_bytes, w.pss_bytes)
+            for m in self.registry.all()
+            for w in m.pool.statuses()
+            if w.pid > 0
+        ]
 
     def open(self) -> None:
         """Nothing to connect to: workers start when models scale."""
@@ -80,14 +91,23 @@ class NativeBackend:
         """Extract the archive into the working directory (a directory archive is used in place) and plan it; the
         plan's ``archive`` is the directory the workers load from."""
         dest = Path(tempfile.mkdtemp(prefix="archive-", dir=self._workdir))
+        started = time.perf_counter()
         try:
+            # Extraction, reading and YAML parsing (and planning, which checks the files) on a thread: /ping and the
+            # other models' requests go on meanwhile.
             archive = await asyncio.to_thread(open_archive, Path(archive_path), dest)
-            plan = plan_version(self.config, archive, Path(archive_path), params, self.default_workers())
-        except ArchiveError as exc:
-            shutil.rmtree(dest, ignore_errors=True)
-            raise ApiError.bad_archive(f"Failed to open model archive {params.url}: {exc}") from None
-        except ApiError:
-            shutil.rmtree(dest, ignore_errors=True)
+            startup_log.debug(
+                "start-up: archive %s opened (extracted once for all its workers) %.0f ms",
+                Path(archive_path).name,
+                (time.perf_counter() - started) * 1000.0,
+            )
+            plan = await asyncio.to_thread(
+                plan_version, self.config, archive, Path(archive_path), params, self.default_workers()
+            )
+        except BaseException as exc:
+            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
+            if isinstance(exc, ArchiveError):
+                raise ApiError.bad_archive(f"Failed to open model archive {params.url}: {exc}") from None
             raise
         self._extracted[str(archive.model_dir)] = dest
         return VersionPlan(**{**plan.__dict__, "archive": str(archive.model_dir)})
@@ -97,7 +117,7 @@ class NativeBackend:
         try:
             self.registry.add(model)
         except ApiError:
-            self._forget(plan.archive)
+            await self._forget(plan.archive)
             raise
 
     def _observe_batch(self, name: str, version: str, size: int) -> None:
@@ -113,7 +133,7 @@ class NativeBackend:
         model = self.registry.get(name, version)
         self.registry.remove(model)
         await model.close(grace_s)
-        self._forget(model.plan.archive)
+        await self._forget(model.plan.archive)
 
     async def set_default(self, name: str, version: str) -> None:
         self.registry.set_default(name, version)
@@ -132,10 +152,11 @@ class NativeBackend:
         self.registry = ModelRegistry()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def _forget(self, model_dir: str) -> None:
+    async def _forget(self, model_dir: str) -> None:
+        """Delete a version's extracted files, on a thread: a model's files can be gigabytes."""
         dest = self._extracted.pop(model_dir, None)
         if dest is not None:
-            shutil.rmtree(dest, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, dest, ignore_errors=True)
 
 
 __all__ = ["NativeBackend"]

@@ -1,6 +1,8 @@
 """The frontend <-> worker messages, typed: what each side may send and every field it carries.
 
-    frontend -> worker   Predict   a batch (requests with their inputs), the batch size and CPU settings to use
+    frontend -> worker   Load      the model to load and how (the WorkerSpec): the first frame, once
+                         Predict   a batch (requests with their inputs and typed control: protocol, explain,
+                                   describe), the batch size and CPU settings to use
     worker -> frontend   Ready     the model loaded (pid, load time, CPU settings as applied)
                          LoadError the model could not load (the handler's message and traceback)
                          Partial   one intermediate answer to one request of the running batch (the handler
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.api.types import InferRequest, Input
-from servetune.handlers.spec import CpuSettings
+from servetune.handlers.control import Control
+from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.server.protocol import ProtocolError, encode
 
 
@@ -25,6 +28,20 @@ def _cpu(raw: dict[str, Any] | None) -> CpuSettings | None:
     if not raw:
         return None
     return CpuSettings(int(raw["num_threads"]), int(raw["inter_op_threads"]), tuple(raw["cpu_cores"]))
+
+
+@dataclass(slots=True)
+class Load:
+    """What the worker loads (sent over the socket: a spec can be larger than a command line may be)."""
+
+    spec: WorkerSpec
+
+    def encode(self) -> bytes:
+        return encode({"type": "load", "spec": self.spec.to_json()})
+
+    @classmethod
+    def decode(cls, header: dict[str, Any], blobs: list[bytes]) -> Load:
+        return cls(WorkerSpec.from_json(header["spec"]))
 
 
 @dataclass(slots=True)
@@ -36,7 +53,12 @@ class Predict:
 
     def encode(self) -> bytes:
         items = [
-            {"id": r.request_id, "headers": r.headers, "inputs": [[i.name, i.content_type] for i in r.inputs]}
+            {
+                "id": r.request_id,
+                "headers": r.headers,
+                "inputs": [[i.name, i.content_type] for i in r.inputs],
+                "control": r.control.to_json(),
+            }
             for r in self.requests
         ]
         header = {
@@ -57,6 +79,7 @@ class Predict:
                 item.get("headers") or {},
                 [Input(name, ctype, next(data)) for name, ctype in item["inputs"]],
                 0.0,
+                control=Control.from_json(item["control"]),
             )
             for item in header["batch"]
         ]
@@ -123,14 +146,33 @@ class Ready:
     pid: int
     load_ms: float
     cpu: CpuSettings | None
+    # the worker's start before it loaded its model: exec to servetune's worker module (interpreter), that module's
+    # imports (0.0: not reported)
+    interpreter_ms: float = 0.0
+    imports_ms: float = 0.0
 
     def encode(self) -> bytes:
         cpu = self.cpu.to_json() if self.cpu is not None else None
-        return encode({"type": "ready", "pid": self.pid, "load_ms": self.load_ms, "cpu": cpu})
+        return encode(
+            {
+                "type": "ready",
+                "pid": self.pid,
+                "load_ms": self.load_ms,
+                "cpu": cpu,
+                "interpreter_ms": self.interpreter_ms,
+                "imports_ms": self.imports_ms,
+            }
+        )
 
     @classmethod
     def decode(cls, header: dict[str, Any], blobs: list[bytes]) -> Ready:
-        return cls(int(header["pid"]), float(header["load_ms"]), _cpu(header.get("cpu")))
+        return cls(
+            int(header["pid"]),
+            float(header["load_ms"]),
+            _cpu(header.get("cpu")),
+            float(header.get("interpreter_ms", 0.0)),
+            float(header.get("imports_ms", 0.0)),
+        )
 
 
 @dataclass(slots=True)
@@ -146,8 +188,9 @@ class LoadError:
         return cls(str(header.get("message", "unknown error")), str(header.get("traceback", "")))
 
 
-Message = Predict | Result | Partial | Ready | LoadError
+Message = Load | Predict | Result | Partial | Ready | LoadError
 _TYPES: dict[str, Any] = {
+    "load": Load,
     "predict": Predict,
     "result": Result,
     "partial": Partial,
@@ -167,4 +210,4 @@ def decode_message(header: dict[str, Any], blobs: list[bytes]) -> Message:
     return message
 
 
-__all__ = ["Answer", "LoadError", "Message", "Partial", "Predict", "Ready", "Result", "decode_message"]
+__all__ = ["Answer", "Load", "LoadError", "Message", "Partial", "Predict", "Ready", "Result", "decode_message"]

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from servetune._exceptions import ApiError, WorkerDied, WorkerError, WorkerTimeout
@@ -43,6 +43,7 @@ class WorkerSlot:
     waiting: bool = False  # waiting for the next batch (its worker's exit cancels the wait)
     exit_cancel: bool = False  # the slot's task was cancelled by its worker's exit, not to retire it
     retiring: bool = False
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # retired: its worker stopped, the slot dropped
     crashes: int = 0
     last_error: str = ""
     status: str = "STARTING"
@@ -58,6 +59,7 @@ class WorkerPool:
         self._slots: list[WorkerSlot] = []
         self._next_slot = 0
         self._lock = asyncio.Lock()
+        self._starting: set[WorkerProcess] = set()  # workers loading their model (killed by ``close``)
         self.closed = False
 
     # ---- state -------------------------------------------------------------------------------
@@ -183,7 +185,11 @@ class WorkerPool:
         )
         worker = WorkerProcess(slot.worker_id, spec, placement.environment(threads))
         slot.status = "STARTING"
-        await worker.start(float(model.plan.startup_timeout_s))
+        self._starting.add(worker)
+        try:
+            await worker.start(float(model.plan.startup_timeout_s))
+        finally:
+            self._starting.discard(worker)
         return worker
 
     async def _slot_loop(self, slot: WorkerSlot, first: WorkerProcess | None) -> None:
@@ -275,19 +281,23 @@ class WorkerPool:
     # ---- scaling -----------------------------------------------------------------------------
 
     async def scale(self, workers: int) -> None:
-        """Start or retire workers until ``workers`` serve; raises WorkerError if a new one cannot start."""
+        """Start or retire workers until ``workers`` serve; raises WorkerError if a new one cannot start, ApiError 404
+        if the model is closed (unregistered) before or while its workers start. Scales run one at a time; ``close``
+        does not wait for one (an unregister is not held up by workers loading), so a scale checks for it."""
         async with self._lock:
+            self._check_open()
             active = self.active
             if len(active) < workers:
                 new_slots = [self._new_slot() for _ in range(workers - len(active))]
                 self._slots.extend(new_slots)  # placed now: their positions give them their cores
                 results = await asyncio.gather(*(self._start_worker(s) for s in new_slots), return_exceptions=True)
                 errors = [r for r in results if isinstance(r, BaseException)]
-                if errors:
+                if errors or self.closed:
                     for slot, r in zip(new_slots, results, strict=True):
-                        self._slots.remove(slot)
+                        self._drop(slot)
                         if isinstance(r, WorkerProcess):
                             await r.stop()
+                    self._check_open()
                     raise errors[0]
                 for slot, worker in zip(new_slots, results, strict=True):
                     assert isinstance(worker, WorkerProcess)
@@ -306,13 +316,20 @@ class WorkerPool:
         """Replace every worker, one at a time, so that the model keeps serving (settings read at start changed)."""
         for slot in list(self.active):
             async with self._lock:
+                self._check_open()
+                if slot.retiring:  # a scale retired it meanwhile
+                    continue
                 fresh = self._new_slot()
                 self._slots.append(fresh)
                 try:
                     worker = await self._start_worker(fresh)
                 except BaseException:
-                    self._slots.remove(fresh)
+                    self._drop(fresh)
                     raise
+                if self.closed:
+                    self._drop(fresh)
+                    await worker.stop()
+                    self._check_open()
                 fresh.worker, fresh.status = worker, "READY"
                 fresh.task = asyncio.create_task(
                     self._slot_loop(fresh, worker), name=f"{self.model.name}-{fresh.slot_id}"
@@ -324,20 +341,41 @@ class WorkerPool:
         self._next_slot += 1
         return slot
 
+    def _check_open(self) -> None:
+        if self.closed:
+            model = self.model
+            raise ApiError.model_not_found(model.name, f"Model {model.name} version {model.version} was unregistered")
+
+    def _drop(self, slot: WorkerSlot) -> None:
+        """Forget a slot (once: a scale that failed and a ``close`` may both drop a starting slot)."""
+        if slot in self._slots:
+            self._slots.remove(slot)
+        slot.gone.set()
+
     async def _retire(self, slot: WorkerSlot) -> None:
+        """Stop the slot's worker (after its batch, if it runs one) and drop the slot; if another caller is retiring
+        it already, wait for that."""
+        if slot.retiring:
+            await slot.gone.wait()
+            return
         slot.retiring = True
         slot.status = "UNLOADING"
-        if slot.task is not None:
-            if not slot.busy:
-                slot.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await slot.task
-        if slot.worker is not None:
-            await slot.worker.stop()
-        self._slots.remove(slot)
+        try:
+            if slot.task is not None:
+                if not slot.busy:
+                    slot.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await slot.task
+            if slot.worker is not None:
+                await slot.worker.stop()
+        finally:
+            self._drop(slot)
 
     async def close(self) -> None:
+        """Stop every worker and refuse further scaling; a scale in progress stops the workers it started."""
         self.closed = True
+        for worker in list(self._starting):
+            worker.kill()  # its start fails at once; the scale that waits for it finds the pool closed
         await asyncio.gather(*(self._retire(s) for s in list(self._slots)))
 
     # ---- describe ----------------------------------------------------------------------------
@@ -347,13 +385,15 @@ class WorkerPool:
         for slot in self._slots:
             w = slot.worker
             cpu = w.cpu if w is not None else None
+            rss, pss = w.memory() if w is not None else (0, None)
             out.append(
                 WorkerStatus(
                     id=w.worker_id if w is not None else slot.worker_id,
                     status=slot.status,
                     start_time=w.start_time if w is not None else 0.0,
                     pid=w.pid if w is not None and w.pid else -1,
-                    memory_bytes=w.memory_bytes() if w is not None else 0,
+                    memory_bytes=rss,
+                    pss_bytes=pss,
                     gpu_id=w.gpu_id if w is not None else None,
                     gpu_memory_bytes=w.gpu_memory_bytes if w is not None else 0,
                     restarts=slot.crashes,

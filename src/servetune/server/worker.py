@@ -1,14 +1,14 @@
 """The worker process: loads one model with its handler, then runs batches sent by the frontend.
 
-Started by the frontend as ``python -m servetune.server.worker FD SPEC_JSON`` (a fresh interpreter, like
-multiprocessing's spawn; SPEC_JSON is a ``servetune.handlers.spec.WorkerSpec``), with one end of a socket pair
-inherited as file descriptor FD. It exits when the frontend closes the socket or dies.
+Started by the frontend as ``python -m servetune.server.worker FD`` (a fresh interpreter, like multiprocessing's
+spawn), with one end of a socket pair inherited as file descriptor FD; the first frame on it is a ``Load`` (the
+``servetune.handlers.spec.WorkerSpec``: over the socket, as a spec may be larger than a command line can be). It
+exits when the frontend closes the socket or dies.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -16,12 +16,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
 
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, start_service
-from servetune.server.messages import Answer, LoadError, Partial, Predict, Ready, Result, decode_message
-from servetune.server.protocol import recv_frame
+from servetune.server.messages import Answer, Load, LoadError, Partial, Predict, Ready, Result, decode_message
+from servetune.server.protocol import ProtocolError, recv_frame
+from servetune.startup import CLOCK
 
 
 def _die_with_parent() -> None:
@@ -70,7 +70,7 @@ def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
             apply_cpu(message.num_threads, message.cpu_cores)
             applied = (message.num_threads, message.cpu_cores)
             cpu = cpu_settings()
-        requests = [Request(r.request_id, r.headers, r.inputs) for r in message.requests]
+        requests = [Request(r.request_id, r.headers, r.inputs, r.control) for r in message.requests]
         start = time.perf_counter()
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0
@@ -87,20 +87,31 @@ def _gpu_memory() -> int:
 
 
 def main(argv: list[str]) -> int:
-    fd, raw = int(argv[1]), json.loads(argv[2])
+    imports_ms = CLOCK.lap_ms()  # since servetune was first imported: the worker's imports
+    fd = int(argv[1])
     _die_with_parent()
-    # The frontend owns shutdown: ignore Ctrl-C sent to the whole process group, exit on SIGTERM.
+    # The frontend owns shutdown: ignore Ctrl-C and SIGTERM sent to the whole process group (a terminal, systemd's
+    # control-group stop), so that in-flight batches finish while it drains; it stops a worker by closing the socket
+    # and kills one with SIGKILL, and a worker whose frontend is gone is killed by the kernel (PDEATHSIG).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
-    start = time.perf_counter()
-    spec: Any = None
     try:
-        spec = WorkerSpec.from_json(raw)
+        frame = recv_frame(sock)
+    except EOFError:
+        return 1  # the frontend gave up on this worker before it sent the spec
+    start = time.perf_counter()
+    try:
+        load = decode_message(*frame)
+        if not isinstance(load, Load):
+            raise ProtocolError(f"expected the Load message first, got {type(load).__name__}")
+        spec = load.spec
         service = start_service(spec)
     except BaseException as exc:  # any load failure is reported to the frontend, verbatim
         sock.sendall(LoadError(f"{type(exc).__name__}: {exc}", traceback.format_exc()).encode())
         return 1
-    sock.sendall(Ready(os.getpid(), (time.perf_counter() - start) * 1000.0, cpu_settings()).encode())
+    load_ms = (time.perf_counter() - start) * 1000.0
+    sock.sendall(Ready(os.getpid(), load_ms, cpu_settings(), CLOCK.interpreter_ms, imports_ms).encode())
     _serve(sock, service, spec)
     return 0
 

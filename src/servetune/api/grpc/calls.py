@@ -17,6 +17,7 @@ from servetune.api.auth import TokenStore
 from servetune.api.grpc.status import refuse_token
 from servetune.api.management import Management
 from servetune.api.metrics import ApiMetrics
+from servetune.api.oip import ensure_ready
 from servetune.api.types import Backend, InferRequest, InferResult, Input, Readiness
 from servetune.config.server import ServerConfig
 from servetune.protos import BATCH_SIZE, HANDLER_MS, QUEUE_MS
@@ -58,10 +59,15 @@ class Served:
         readiness = self.readiness
         return not readiness.starting and not readiness.failed and await self.backend.healthy()
 
-    async def infer(self, name: str, version: str | None, job: InferRequest) -> InferResult:
-        """One job through the backend, observed; a model not loaded yet while the server starts is 503."""
+    async def infer(
+        self, name: str, version: str | None, job: InferRequest, *, require_ready: bool = False
+    ) -> InferResult:
+        """One job through the backend, observed; a model not loaded yet while the server starts is 503.
+        ``require_ready``: KServe's rule, a model that is not ready is refused at once (503)."""
         start = time.perf_counter()
         try:
+            if require_ready:
+                await ensure_ready(self.backend, name, version)
             result = await self.backend.infer(name, version, job)
         except ApiError as exc:
             exc = while_starting(exc, name, self.readiness)
@@ -94,8 +100,7 @@ def infer_request(
 ) -> InferRequest:
     """One call as one item of the model's batch: its inputs, and its metadata as the handler's headers."""
     meta = metadata(context)
-    headers = {k: v for k, v in meta.items() if k not in HIDDEN_METADATA}
-    headers.setdefault("explain", "False")
+    headers = {k: v for k, v in meta.items() if k not in HIDDEN_METADATA}  # ``explain`` etc.: the worker's to set
     rid = request_id or meta.get("x-request-id") or str(uuid.uuid4())
     return InferRequest(rid, headers, inputs, time.monotonic(), _cancelled(context), on_partial=on_partial)
 

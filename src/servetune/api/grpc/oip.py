@@ -23,12 +23,15 @@ from servetune._exceptions import ApiError
 from servetune.api import oip
 from servetune.api.grpc.calls import Served, infer_request, metadata, send_timing, version_or_none
 from servetune.api.grpc.status import unary
+from servetune.api.offload import off_loop
 from servetune.protos import CONTENTS_FIELDS, OIP, methods
 from servetune.tensors import (
+    DEFAULT_LIMITS,
     InferenceRequest,
     RequestedOutput,
     Tensor,
     TensorError,
+    TensorLimits,
     decode_binary_data,
     decode_json_data,
 )
@@ -55,9 +58,10 @@ def parameters(params: Any) -> dict[str, Any]:
     return out
 
 
-def typed_tensor(tensor: Any) -> Tensor:
+def typed_tensor(tensor: Any, limits: TensorLimits = DEFAULT_LIMITS) -> Tensor:
     """An input from its typed ``contents``: in its datatype's field only, as many elements as the shape holds."""
     name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+    limits.check(name, shape)
     if datatype not in CONTENTS_FIELDS:
         raise TensorError(f"input {name!r}: datatype={datatype!r}: expected one of {', '.join(CONTENTS_FIELDS)}")
     field = CONTENTS_FIELDS[datatype]
@@ -75,12 +79,14 @@ def typed_tensor(tensor: Any) -> Tensor:
     if len(values) != count:
         raise TensorError(f"input {name!r}: shape {shape} holds {count} elements, {field} has {len(values)}")
     if datatype == "BYTES":
-        return decode_binary_data(name, datatype, shape, b"".join(_LENGTH.pack(len(v)) + v for v in values))
-    return decode_json_data(name, datatype, shape, list(values))
+        packed = b"".join(_LENGTH.pack(len(v)) + v for v in values)
+        return decode_binary_data(name, datatype, shape, packed, limits)
+    return decode_json_data(name, datatype, shape, list(values), limits)
 
 
-def decode_request(request: Any) -> InferenceRequest:
-    """A ``ModelInferRequest`` as the transport-neutral request (raises ApiError 400 for a malformed one)."""
+def decode_request(request: Any, limits: TensorLimits = DEFAULT_LIMITS) -> InferenceRequest:
+    """A ``ModelInferRequest`` as the transport-neutral request; every shape checked against ``limits`` before its
+    data is read (ApiError 400 for a malformed one, 413 over a limit)."""
     raw = list(request.raw_input_contents)
     try:
         if raw:
@@ -89,15 +95,15 @@ def decode_request(request: Any) -> InferenceRequest:
             if len(raw) != len(request.inputs):
                 raise TensorError(f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs")
             inputs = [
-                decode_binary_data(t.name, t.datatype, list(t.shape), r)
+                decode_binary_data(t.name, t.datatype, list(t.shape), r, limits)
                 for t, r in zip(request.inputs, raw, strict=True)
             ]
         else:
-            inputs = [typed_tensor(t) for t in request.inputs]
+            inputs = [typed_tensor(t, limits) for t in request.inputs]
         for tensor, sent in zip(inputs, request.inputs, strict=True):
             tensor.parameters = parameters(sent.parameters)
     except TensorError as exc:
-        raise ApiError.bad_request(str(exc)) from None
+        raise oip.tensor_error(exc) from None
     outputs = [RequestedOutput(o.name, parameters(o.parameters)) for o in request.outputs]
     return InferenceRequest(inputs, request.id or None, parameters(request.parameters), outputs)
 
@@ -164,18 +170,26 @@ class OipService:
         name, version = request.model_name, version_or_none(request.model_version)
         if not name:
             raise ApiError.bad_request("model_name is required")
-        decoded = decode_request(request)
         call = infer_request(context, [])
         headers = {k: v for k, v in metadata(context).items() if k != "authorization"}
-        job = oip.infer_request(
-            decoded, call.request_id, headers, is_disconnected=call.is_disconnected, all_binary=True
-        )
-        result = await served.infer(name, version, job)
-        answer = oip.infer_response(result)
-        response = InferResponse(
-            model_name=name, model_version=result.version or answer.model_version or "", id=request.id
-        )
-        encode_outputs(response, answer.outputs, raw=bool(request.raw_input_contents))
+
+        def job() -> Any:  # decoded and encoded for the worker: on a thread for a large request
+            decoded = decode_request(request, served.config.tensor_limits)
+            return oip.infer_request(
+                decoded, call.request_id, headers, is_disconnected=call.is_disconnected, all_binary=True
+            )
+
+        result = await served.infer(name, version, await off_loop(request.ByteSize(), job), require_ready=True)
+
+        def answer() -> Any:
+            decoded = oip.infer_response(result)
+            response = InferResponse(
+                model_name=name, model_version=result.version or decoded.model_version or "", id=request.id
+            )
+            encode_outputs(response, decoded.outputs, raw=bool(request.raw_input_contents))
+            return response
+
+        response = await off_loop(len(result.body), answer)
         size, limit = response.ByteSize(), served.config.max_response_size
         if size > limit:
             raise ApiError.response_too_large(size, limit)

@@ -1,0 +1,175 @@
+"""What a served model costs in memory, read from a real server's processes (/proc), not from imports in this test:
+the frontend carries no torch, a worker only what its handler imports, two workers of one model share their
+weights' pages, and describe and the metrics API report each worker's RSS and PSS."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from http_client import call
+from models import sleep_archive
+from servetune.archive import create_archive
+from servetune.embedded import EmbeddedServer
+
+IN, OUT = 1024, 2048  # an 8 MiB weight matrix: large next to the rest of what a worker maps from its archive
+
+MODEL_FILE = textwrap.dedent(
+    f"""
+    import torch
+
+    class Wide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear({IN}, {OUT})
+
+        def forward(self, x):
+            return self.fc(x)
+    """
+)
+
+# The built-in loading path (BaseHandler.initialize: model file + state_dict); only handle() is its own.
+WEIGHTS_HANDLER = textwrap.dedent(
+    f"""
+    import os
+
+    import torch
+    from ts.torch_handler.base_handler import BaseHandler
+
+    class WideHandler(BaseHandler):
+        def handle(self, data, context):
+            with torch.inference_mode():
+                out = self.model(torch.ones(len(data), {IN}))
+            return [{{"pid": os.getpid(), "sum": float(row.sum())}} for row in out]
+    """
+)
+
+
+def weights_archive(store: Path, tmp: Path) -> float:
+    """``wide.mar`` (2 workers, weights from a state_dict), and the sum its model answers for a row of ones."""
+    import sys
+
+    src = tmp / "wide-src"
+    src.mkdir()
+    (src / "wide_model.py").write_text(MODEL_FILE)
+    (src / "wide_handler.py").write_text(WEIGHTS_HANDLER)
+    (src / "model-config.yaml").write_text("minWorkers: 2\nmaxWorkers: 2\n")
+    sys.path.insert(0, str(src))
+    try:
+        from wide_model import Wide  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(src))
+    torch.manual_seed(0)
+    model = Wide().eval()
+    torch.save(model.state_dict(), src / "wide.pt")
+    create_archive(
+        model_name="wide",
+        version="1.0",
+        handler=str(src / "wide_handler.py"),
+        model_file=str(src / "wide_model.py"),
+        serialized_file=str(src / "wide.pt"),
+        config_file=str(src / "model-config.yaml"),
+        export_path=str(store),
+        force=True,
+    )
+    with torch.inference_mode():
+        return float(model(torch.ones(1, IN)).sum())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedServer, float]]:
+    tmp = tmp_path_factory.mktemp("memory")
+    store = tmp / "store"
+    sleep_archive(store, name="noop", batch_ms=0)  # its handler imports no torch
+    expected = weights_archive(store, tmp)
+    properties = {"disable_token_authorization": "true", "default_workers_per_model": "1"}
+    models = {"noop": "noop.mar", "wide": "wide.mar"}
+    with EmbeddedServer(store, models, properties, workdir=tmp / "server") as server:
+        yield server, expected
+
+
+def maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def workers(server: EmbeddedServer, model: str) -> list[dict]:  # type: ignore[type-arg]
+    return call("GET", f"{server.management_url}/models/{model}").json()[0]["workers"]  # type: ignore[no-any-return]
+
+
+def test_the_frontend_process_maps_no_torch(served: tuple[EmbeddedServer, float]) -> None:
+    server, _ = served
+    assert server.proc is not None
+    assert call("POST", f"{server.inference_url}/predictions/wide", b"x").status == 200  # torch is in use next door
+    frontend = maps(server.proc.pid)
+    assert "libtorch" not in frontend and "/torch/" not in frontend
+    # the check can fail: a worker that runs a torch model maps libtorch
+    assert "libtorch" in maps(workers(server, "wide")[0]["pid"])
+
+
+def test_a_worker_whose_handler_needs_no_torch_maps_none(served: tuple[EmbeddedServer, float]) -> None:
+    server, _ = served
+    reply = call("POST", f"{server.inference_url}/predictions/noop", b"hello")
+    assert reply.status == 200 and reply.json()["echo"] == "hello"
+    [worker] = workers(server, "noop")
+    mapped = maps(worker["pid"])
+    assert "libtorch" not in mapped and "torchvision" not in mapped
+    assert "numpy" not in mapped  # TorchServe's protocol needs no tensor codec: numpy loads on a first v2 request
+    # its threads are still reported (and given to torch if the handler ever imports it)
+    assert worker["numThreads"] >= 1
+
+
+def weights_mapping(pid: int) -> tuple[int, int, set[str]]:
+    """(RSS, PSS) in bytes of the process's mappings of the weights file, and the paths mapped."""
+    rss = pss = 0
+    paths: set[str] = set()
+    current: str | None = None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if len(head) >= 5 and "-" in head[0] and ":" in head[3]:  # a mapping's header line
+            current = head[5] if len(head) >= 6 and head[5].endswith("/wide.pt") else None
+            if current:
+                paths.add(current)
+        elif current and head[0] in ("Rss:", "Pss:"):
+            kib = int(head[1]) * 1024
+            rss, pss = (rss + kib, pss) if head[0] == "Rss:" else (rss, pss + kib)
+    return rss, pss, paths
+
+
+def test_two_workers_of_one_model_share_their_weights_pages(served: tuple[EmbeddedServer, float]) -> None:
+    server, expected = served
+    pids: set[int] = set()
+    for _ in range(20):  # both workers run the model (and so read every weight) at least once
+        answer = call("POST", f"{server.inference_url}/predictions/wide", b"x").json()
+        assert answer["sum"] == pytest.approx(expected, rel=1e-5)  # the mapped weights are the saved ones
+        pids.add(answer["pid"])
+        if len(pids) == 2:
+            break
+    assert len(pids) == 2, "one worker answered every request"
+    weights_bytes = IN * OUT * 4
+    seen: list[set[str]] = []
+    for pid in pids:
+        rss, pss, paths = weights_mapping(pid)
+        # the weights are the file's pages, mapped and read, not a private copy...
+        assert rss >= 0.9 * weights_bytes, (pid, rss, paths)
+        # ...and each worker's share of them is half: the other worker maps the same pages
+        assert pss <= 0.6 * rss, (pid, rss, pss)
+        seen.append(paths)
+    assert len(seen[0]) == 1 and seen[0] == seen[1]  # one extracted file for both
+
+
+def test_describe_and_metrics_report_each_workers_rss_and_pss(served: tuple[EmbeddedServer, float]) -> None:
+    server, _ = served
+    described = workers(server, "wide")
+    assert len(described) == 2
+    for worker in described:
+        assert 0 < worker["memoryPss"] < worker["memoryUsage"]  # torch's libraries and the weights are shared
+    text = call("GET", f"{server.metrics_url}/metrics").body.decode()
+    for worker in described:
+        labels = f'model_name="wide",model_version="1.0",worker_id="{worker["id"]}"'
+        assert f"servetune_worker_rss_bytes{{{labels}}}" in text
+        assert f"servetune_worker_pss_bytes{{{labels}}}" in text
+    assert 'servetune_worker_pss_bytes{model_name="noop"' in text
