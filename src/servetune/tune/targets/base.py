@@ -19,6 +19,8 @@ class Target(Protocol):
     management: ManagementClient
     can_register: bool  # a model can be registered (another family, or batching where rebatch is not supported)
     can_rebatch: bool  # batch size and delay change in place (servetune's PUT /models/{name}?batch_size=)
+    knobs_in_place: bool  # threads and pinning change in place (the server echoes ``numThreads`` in describe)
+    pinning: bool  # workers can be pinned to cores of their own (``cpuPinning``)
 
     def start(self) -> None: ...
 

@@ -29,6 +29,8 @@ class EmbeddedTarget:
 
     can_register = True
     can_rebatch = True
+    knobs_in_place = True
+    pinning = True
 
     def __init__(self, study: Study, out_dir: Path, kind: TargetKind, *, echo: bool = False) -> None:
         self.study = study

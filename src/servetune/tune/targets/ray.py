@@ -76,6 +76,8 @@ class RayKind(TargetKind):
             check_config(ServerConfig.from_properties(dict(study.server)))
         except ConfigError as exc:
             raise ConfigError(f"server: {exc}") from None
+        if any(True in family.pinning for family in study.families):
+            raise ConfigError("space.pinning: true is not supported on the Ray backend (Ray places replicas)")
         require_ray()
 
     def drop(self, study: Study, where: str) -> Study:
@@ -161,6 +163,8 @@ class EmbeddedRayTarget(EmbeddedTarget):
     ``store/`` as on the native server; there is no metrics API: the bench reads the X-Servetune-* response headers.
     A local instance advertises enough CPUs for the widest config (Ray reserves ``numThreads`` CPUs per replica),
     so that every config the study names can be placed, oversubscribed as on the native server."""
+
+    pinning = False
 
     def start(self) -> None:
         from servetune.embedded import EmbeddedServer
