@@ -21,6 +21,8 @@ VARIANTS: dict[str, str] = {
     "torchscript": "servetune.optimize.torchscript:TorchScript",
     "compile": "servetune.optimize.compile:Compile",
     "onnx": "servetune.optimize.onnx:Onnx",
+    "export": "servetune.optimize.export:Export",
+    "aoti": "servetune.optimize.aoti:Aoti",
 }
 
 # Combinations tried by default (``servetune optimize`` without --variants), after the single variants.
