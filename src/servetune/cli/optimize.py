@@ -69,6 +69,7 @@ def _write(source: Path, archive: ModelArchive, results: Sequence[VariantResult]
             continue
         artifact = Path(result.artifact)
         shutil.copy2(artifact, out / artifact.name)
+        result.artifact = str(out / artifact.name)  # the results point at the copy the user keeps
         if artifact.suffix == ".pt2":
             written = write_pt2_archive(archive, artifact, result.variant, out)
             yield f"{result.variant}: {written} (serves {artifact.name} as it is, nothing to convert at load)"
