@@ -543,9 +543,13 @@ def test_the_tuner_bounds_an_exported_family_by_its_largest_batch(tmp_path: Path
 
     family = Family("aoti/cpu", tmp_path / "m.mar", "channels_last+aoti", "cpu", (1,), (1, 4, 16), (10,), Load())
     assert trial_model_config({"batchSize": 2}, family)["export_max_batch"] == 16
+    assert trial_model_config({}, family)["startupTimeout"] >= 600  # the first load compiles
+    assert trial_model_config({"startupTimeout": 200}, family)["startupTimeout"] == 200
     assert trial_model_config({"export_max_batch": 32}, family)["export_max_batch"] == 32
     eager = dataclasses.replace(family, optimization="eager")
-    assert "export_max_batch" not in trial_model_config({}, eager)
+    assert "export_max_batch" not in trial_model_config({}, eager) and "startupTimeout" not in trial_model_config(
+        {}, eager
+    )
 
 
 def test_an_exported_variant_of_a_chain_takes_float32_inputs(tmp_path: Path) -> None:
