@@ -103,6 +103,7 @@ LONGEST_FIRST = [
     "test_grpc_api.py",  # Ray
     "test_tune_protocols.py",
     "test_bench_async_engine.py",
+    "test_pt2.py",
 ]
 RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}
 

@@ -35,7 +35,7 @@ from click.testing import CliRunner
 
 from conftest import RunningServer
 from http_client import Reply, burst, call
-from servetune._exceptions import ArchiveError
+from servetune._exceptions import ArchiveError, ConfigError
 from servetune.archive import create_archive, open_archive
 from servetune.archive.pt2 import Pt2Info, inspect_pt2
 from servetune.cli import cli
@@ -565,6 +565,8 @@ def test_an_exported_variant_of_a_chain_takes_float32_inputs(tmp_path: Path) -> 
     assert out.dtype == torch.float32 and out.shape == (3, 10)
     with pytest.raises(VariantNotApplicable, match="needs example inputs"):
         apply_variant("export", model, device=CPU, example_inputs=None, check=False)
+    with pytest.raises(ConfigError, match="export and int8-dynamic do not combine: dynamically quantized"):
+        apply_variant("int8-dynamic+export", model, device=CPU, example_inputs=(torch.rand(2, 3, 16, 16),))
 
 
 # -- KServe ----------------------------------------------------------------------------------------------------
