@@ -93,6 +93,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReadyInf
     mount.mkdir()
     entrypoint = [sys.executable, "-m", "servetune", "kserve", "--model-dir", str(mount), "--ready-file", str(ready)]
     entrypoint += ["--http-port", "0", "--grpc-port", "0", "--management-port", "0", "--metrics-port", "0"]
+    entrypoint += ["--grpc-management-port", "0"]  # not 7071: another runtime may hold it
     script = f"mount --bind -o ro {layout} {mount} && exec " + " ".join(entrypoint)
     env = {**os.environ, "PROTOCOL_VERSION": "v2"}  # what KServe's webhook adds for a v2 InferenceService
     proc = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=tmp, env=env, text=True,

@@ -583,8 +583,9 @@ def test_the_kserve_runtime_serves_a_pt2_archive(built: Built, tmp_path: Path) -
     shutil.copy(built.store / "tiny-aoti.mar", layout / "model-store" / "tiny.mar")
     before = tree_digest(layout)
     ready = tmp_path / "ready.json"
-    cmd = [sys.executable, "-m", "servetune", "kserve", "--model-dir", str(layout), "--ready-file", str(ready),
-           "--http-port", "0", "--grpc-port", "0", "--management-port", "0", "--metrics-port", "0"]  # fmt: skip
+    cmd = [sys.executable, "-m", "servetune", "kserve", "--model-dir", str(layout), "--ready-file", str(ready)]
+    for port in ("--http-port", "--grpc-port", "--management-port", "--grpc-management-port", "--metrics-port"):
+        cmd += [port, "0"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "PROTOCOL_VERSION": "v2"}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:

@@ -60,6 +60,7 @@ def _configured_batches(config: Mapping[str, Any]) -> list[int]:
 
 def _write(source: Path, archive: ModelArchive, results: Sequence[VariantResult]) -> Iterator[str]:
     """Copy each converted artifact into ``<archive>.optimized/``, and write an archive for each ``.pt2``."""
+    from servetune.archive.pt2 import inspect_pt2
     from servetune.optimize.pt2_archive import write_pt2_archive
 
     out = artifacts_dir(source)
@@ -73,6 +74,10 @@ def _write(source: Path, archive: ModelArchive, results: Sequence[VariantResult]
         if artifact.suffix == ".pt2":
             written = write_pt2_archive(archive, artifact, result.variant, out)
             yield f"{result.variant}: {written} (serves {artifact.name} as it is, nothing to convert at load)"
+            bounds = inspect_pt2(artifact).batch_bounds()
+            batch_size = archive.model_config.get("batchSize")
+            if bounds and bounds[1] is not None and isinstance(batch_size, int) and batch_size > bounds[1]:
+                yield f"  note: its batchSize {batch_size} is above the batch bound {bounds[1]}: raise --max-batch"
     yield f"artifacts written to {out}"
 
 

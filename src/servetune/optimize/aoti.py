@@ -1,6 +1,7 @@
 """``aoti``: AOTInductor. The model is exported with a dynamic batch (as ``export``), compiled ahead of time by
 ``torch._inductor.aoti_compile_and_package`` into one ``.pt2`` package (C++ and a shared library; on CUDA, Triton
-kernels too) and loaded with ``torch._inductor.aoti_load_package``: no Python in the model's call.
+kernels too), frozen (weights as constants: batch norms folded, oneDNN-prepacked convolutions on CPU), and loaded
+with ``torch._inductor.aoti_load_package``: no Python in the model's call.
 
 Compiling takes from seconds (a tiny model) to minutes (a ResNet on two cores); the package is cached per model,
 torch version, device (with the CPU ISA or the GPU's compute capability) and batch bounds, so a second load of the
@@ -69,9 +70,15 @@ class Aoti(Variant):
             }
             from torch._inductor import aoti_compile_and_package
 
-            aoti_compile_and_package(
-                program, package_path=str(path), inductor_configs={"aot_inductor.metadata": metadata}
-            )
+            # freezing: weights become constants, so inductor folds batch norms into convolutions and, on CPU,
+            # prepacks them for oneDNN (measured on resnet18, 1-2 threads: 0.97x TorchScript's p50 at batch 1
+            # frozen, 1.2-1.3x not); it only applies without autograd
+            with torch.no_grad():
+                aoti_compile_and_package(
+                    program,
+                    package_path=str(path),
+                    inductor_configs={"aot_inductor.metadata": metadata, "freezing": True},
+                )
             stage.notes.append("compiled")
 
         build_or_load(stage, f"batch<={bound};{target_tag(stage.device)}", build)
