@@ -55,11 +55,6 @@ def eager_archive(tmp_path: Path) -> Path:
     )
 
 
-@pytest.fixture(autouse=True)
-def _variant_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SERVETUNE_VARIANT_CACHE", str(tmp_path / "variant-cache"))  # not the user's own
-
-
 def run(args: list[str]) -> tuple[int, str]:
     result = CliRunner().invoke(cli, ["optimize", *args], catch_exceptions=False)
     return result.exit_code, result.output
