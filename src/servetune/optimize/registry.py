@@ -21,6 +21,8 @@ VARIANTS: dict[str, str] = {
     "torchscript": "servetune.optimize.torchscript:TorchScript",
     "compile": "servetune.optimize.compile:Compile",
     "onnx": "servetune.optimize.onnx:Onnx",
+    "export": "servetune.optimize.export:Export",
+    "aoti": "servetune.optimize.aoti:Aoti",
 }
 
 # Combinations tried by default (``servetune optimize`` without --variants), after the single variants.
@@ -31,6 +33,10 @@ INCOMPATIBLE: dict[frozenset[str], str] = {
     frozenset({"channels_last", "onnx"}): "ONNX Runtime chooses its own memory layout; channels_last has no effect",
     frozenset({"int8-dynamic", "onnx"}): "dynamically quantized layers do not export to ONNX",
     frozenset({"bf16", "onnx"}): "ONNX Runtime is fed through numpy, which has no bfloat16",
+    frozenset({"int8-dynamic", "export"}): "dynamically quantized layers hold packed parameters torch.export cannot "
+    "trace",
+    frozenset({"int8-dynamic", "aoti"}): "dynamically quantized layers hold packed parameters torch.export cannot "
+    "trace",
 }
 
 
