@@ -80,10 +80,6 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
     raise TensorError(f"numpy dtype {dtype} has no Open Inference Protocol datatype")
 
 
-def element_count(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
 @dataclass(frozen=True)
 class TensorMetadata:
     """A tensor a model declares: ``-1`` marks a dimension of any size."""
@@ -648,7 +644,6 @@ __all__ = [
     "datatype_of",
     "decode_binary_data",
     "decode_json_data",
-    "element_count",
     "encode_request",
     "encode_response",
     "numpy_dtype",
