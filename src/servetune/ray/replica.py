@@ -73,7 +73,8 @@ class ReplicaView:
         meant, deployed = self.model.resolve(version)
         if meant == self.replica.plan.version or not deployed:
             return meant, None
-        return meant, self.others.get(meant) or handles.version_handle(name, meant)
+        bound = self.others.get(meant)
+        return meant, bound if bound is not None else handles.version_handle(name, meant)
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
         meant, other = self._other(name, version)
