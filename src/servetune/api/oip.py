@@ -99,8 +99,4 @@ def infer_response(result: InferResult) -> InferenceResponse:
         raise ApiError.internal(f"the worker's answer is not an OIP response: {exc}") from None
 
 
-def error_payload(error: ApiError) -> dict[str, str]:
-    return {"error": error.message}
-
-
-__all__ = ["KEEP_STATUS_TYPES", "answer_error", "error_payload", "infer_request", "infer_response", "tensor_error"]
+__all__ = ["KEEP_STATUS_TYPES", "answer_error", "infer_request", "infer_response", "tensor_error"]

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from servetune._exceptions import ConfigError
 from servetune.bench.payload import Payload
 from servetune.bench.progress import Progress
 from servetune.bench.recording import Recording
 from servetune.bench.spec import BenchSpec
+from servetune.registry import registered
 
 ENGINES: dict[str, str] = {
     "async": "servetune.bench.async_engine:AsyncEngine",
@@ -46,10 +45,5 @@ class Engine(Protocol):
 
 def get_engine(name: str) -> Engine:
     """The engine registered under ``name``."""
-    target = ENGINES.get(name)
-    if target is None:
-        raise ConfigError(f"engine={name!r}: expected one of {', '.join(sorted(ENGINES))}")
-    module_name, attr = target.split(":")
-    engine_cls = getattr(importlib.import_module(module_name), attr)
-    engine: Engine = engine_cls()
+    engine: Engine = registered(ENGINES, name, f"engine={name!r}: expected one of {', '.join(sorted(ENGINES))}")()
     return engine

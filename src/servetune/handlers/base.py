@@ -84,6 +84,7 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
         self.model = self._load_model(model_dir, model_info.get("modelFile") or "", self.model_pt_path)
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
         self.initialized = True
+        context.applies_optimization = True  # the loader refuses a named variant that no BaseHandler took
         self._apply_optimization()
 
     def _load_model(self, model_dir: Path, model_file: str, model_pt_path: str | None) -> Any:

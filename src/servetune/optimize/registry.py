@@ -7,10 +7,9 @@ refused outright because they cannot make sense whatever the model.
 
 from __future__ import annotations
 
-import importlib
-
 from servetune._exceptions import ConfigError
 from servetune.optimize.base import KIND_ORDER, Variant
+from servetune.registry import registered
 
 VARIANTS: dict[str, str] = {
     "eager": "servetune.optimize.eager:Eager",
@@ -42,11 +41,8 @@ INCOMPATIBLE: dict[frozenset[str], str] = {
 
 def load_variant(name: str) -> Variant:
     """Instantiate the variant registered under ``name``."""
-    target = VARIANTS.get(name)
-    if target is None:
-        raise ConfigError(f"unknown optimization variant {name!r}; expected one of {sorted(VARIANTS)}")
-    module_name, _, attr = target.partition(":")
-    cls: type[Variant] = getattr(importlib.import_module(module_name), attr)
+    unknown = f"unknown optimization variant {name!r}; expected one of {sorted(VARIANTS)}"
+    cls: type[Variant] = registered(VARIANTS, name, unknown)
     return cls()
 
 

@@ -10,6 +10,7 @@ import collections
 import time
 from dataclasses import dataclass
 
+from servetune._exceptions import ServetuneError
 from servetune.api.types import InferRequest, InferResult
 
 
@@ -36,7 +37,7 @@ class Job:
         return self.future.done() or (gone is not None and gone())
 
 
-class QueueFull(Exception):
+class QueueFull(ServetuneError):
     """The model's job queue is at capacity (internal: the served model answers ``ApiError.queue_full``)."""
 
 

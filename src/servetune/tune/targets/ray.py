@@ -141,12 +141,6 @@ class RayKind(TargetKind):
         )
 
 
-def held_batches(family: Family) -> int | None:
-    """How many batches a replica of this family holds, when the Ray target set it."""
-    held = family.options.get(FAMILY_OPTION)
-    return None if held is None else int(held)
-
-
 def write_ray_serve_config(config_properties: Path, path: Path) -> Path:
     """The deployment of ``config_properties`` as a Ray Serve config, listening on every interface at Ray Serve's
     port (8000), with a proxy on every node: what ``serve deploy`` / KubeRay want on a cluster."""
