@@ -47,6 +47,7 @@ def start(tmp_path: Path, backend: str, models: str) -> tuple[subprocess.Popen[s
     config.write_text(
         f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:{free_port()}\n"
         f"metrics_address=http://127.0.0.1:{free_port()}\ndisable_token_authorization=true\n"
+        "grpc_inference_port=0\ngrpc_management_port=0\n"  # never TorchServe's 7070/7071: another server may hold them
         "default_workers_per_model=1\n"
     )
     args = [sys.executable, "-m", "servetune", "serve", "--ts-config", str(config), "--backend", backend]
