@@ -129,8 +129,10 @@ def test_formats_by_hand(tmp_path: Path) -> None:
         read_trace(tmp_path / "bare.txt")
     assert read_trace(tmp_path / "bare.txt", "csv").offsets_s.tolist() == [0.0, 0.25]
     # Mooncake: timestamp in ms, input_length as the size.
-    (tmp_path / "m.jsonl").write_text('{"timestamp": 0, "input_length": 655, "output_length": 52, "hash_ids": [46]}\n'
-                                      '{"timestamp": 10535, "input_length": 672, "output_length": 26, "hash_ids": []}\n')
+    (tmp_path / "m.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 655, "output_length": 52, "hash_ids": [46]}\n'
+        '{"timestamp": 10535, "input_length": 672, "output_length": 26, "hash_ids": []}\n'
+    )
     moon = read_trace(tmp_path / "m.jsonl")
     assert moon.offsets_s.tolist() == [0.0, 10.535] and moon.sizes is not None and moon.sizes.tolist() == [655, 672]
     # BurstGPT: failed rows (0 response tokens) kept or dropped, a model kept.
