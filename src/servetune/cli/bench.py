@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -224,19 +223,15 @@ def command(
         raise ConfigError("--trace-format, --trace-opt and --capacity-fraction apply to a --trace")
     if trace is not None and (rate is not None or concurrency is not None):
         raise ConfigError("--trace with --rate or --concurrency: a trace says when each request leaves; give one")
-    spec = BenchSpec(
+    common = dict(
         url=url,
         input=input_path,
         content_type=content_type,
         form_field=form_field,
         method=method.upper(),
         headers=tuple(_pairs(headers, ":", "--header")),
-        concurrency=concurrency,
-        rate=rate,
         arrival="poisson" if arrival == "poisson" else "gamma" if arrival == "gamma" else "constant",
         cv=cv,
-        requests=requests if requests is not None or duration is not None or trace is not None else 100,
-        duration=duration,
         warmup_requests=warmup_requests,
         warmup_seconds=warmup_seconds,
         timeout=timeout,
@@ -253,10 +248,19 @@ def command(
         window_s=window,
         server_pids=server_pids,
     )
+    schedule = None
     if trace is not None:
-        schedule = trace_schedule(spec, trace, trace_format, dict(_pairs(trace_opts, "=", "--trace-opt")),
+        probe = BenchSpec(**common, concurrency=1, duration=1.0)  # type: ignore[arg-type]
+        schedule = trace_schedule(probe, trace, trace_format, dict(_pairs(trace_opts, "=", "--trace-opt")),
                                   time_scale, rate_scale, capacity_fraction)  # fmt: skip
-        spec = dataclasses.replace(spec, schedule=schedule)
+    spec = BenchSpec(
+        **common,  # type: ignore[arg-type]
+        concurrency=concurrency,
+        rate=rate,
+        requests=requests if requests is not None or duration is not None or trace is not None else 100,
+        duration=duration,
+        schedule=schedule,
+    )
     result = run_bench(spec, progress=True)
     if as_json:
         click.echo(result.to_json())
