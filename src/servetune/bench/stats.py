@@ -96,6 +96,24 @@ def quantile_upper(sorted_values: FloatArray, q: float, confidence: float = 0.95
     return None if rank is None else float(sorted_values[rank - 1])
 
 
+def quantile_lower(sorted_values: FloatArray, q: float, confidence: float = 0.95) -> float | None:
+    """Distribution-free one-sided lower confidence bound for the q-quantile: X_(l) for the largest l with
+    P(B <= l - 1) <= 1 - confidence; None when even the smallest sample is not below it with that confidence."""
+    n = len(sorted_values)
+    if n < 1:
+        return None
+    lo, cdf = _binomial_cdf(n, q)
+    rank = 0
+    for i, c in enumerate(cdf):
+        if c <= 1.0 - confidence:
+            rank = lo + i + 1
+        else:
+            break
+    if lo > 0 and rank == 0:
+        rank = lo  # the window starts above 0: every rank below it qualifies
+    return float(sorted_values[min(rank, n) - 1]) if rank >= 1 else None
+
+
 def binomial_cdf(k: int, n: int, p: float) -> float:
     """P(B <= k) for B ~ Binomial(n, p)."""
     if k < 0:
