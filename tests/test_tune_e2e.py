@@ -50,6 +50,7 @@ def study_file(folder: Path, model: Path, **changes: Any) -> Path:
         "space": SPACE,
         "load": FAST_LOAD,
         "strategy": {"name": "grid", "remeasure": 1, "finalists": 0},
+        "contention": {"retries": 0},
     }
     study.update(changes)
     folder.mkdir(parents=True, exist_ok=True)

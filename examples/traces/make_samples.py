@@ -77,8 +77,8 @@ def mooncake() -> None:
         blocks = rng.randint(1, 6)
         ids = list(range(block, block + blocks))
         block += blocks
-        row = {"timestamp": t, "input_length": blocks * 512 - rng.randint(0, 511), "output_length": rng.randint(10, 500),
-               "hash_ids": ids}  # fmt: skip
+        size = blocks * 512 - rng.randint(0, 511)
+        row = {"timestamp": t, "input_length": size, "output_length": rng.randint(10, 500), "hash_ids": ids}
         lines.append(json.dumps(row))
     (HERE / "mooncake.jsonl").write_text("\n".join(lines) + "\n")
 

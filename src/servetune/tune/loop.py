@@ -150,6 +150,9 @@ class _Run:
                         self._finalists(previous)
             except KeyboardInterrupt:
                 self.stopped = "interrupted"
+        for note in self.runner.measurer.notes:
+            self.notes.append(note)
+            self._say(f"[yellow]note:[/] {note}")
         if self.stopped:
             self.notes.append(f"the search stopped early: {self.stopped}; run again to resume")
 

@@ -41,6 +41,8 @@ class Measurer:
         self.load: Load = study.families[0].load
         self.best_objective: float | None = None  # the best objective met so far (set by the loop before a trial)
         self.attempts: list[Attempt] = []
+        self.busy_runs = 0  # load runs in a row still contended after every retry: the machine is busy throughout
+        self.notes: list[str] = []
         self.schedule: Schedule | None = None  # a trace load's schedule, the same for every config
 
     def _enough(self, point: Point, rate: float | None) -> Callable[[Recording, float], bool] | None:
@@ -53,16 +55,34 @@ class Measurer:
             best = best / self.study.objective.value(1.0, device)  # the throughput that objective stands for
         return decider(self.study.sla, None if rate is not None else best)
 
+    def retries(self) -> int:
+        """Retries for the next run: none while the machine stays busy (a run stayed contended after all its retries:
+        a hog that does not go away cannot be waited out; the figures are marked instead, and retries resume after
+        the first run measured in peace), the study's otherwise."""
+        if self.busy_runs >= 1:
+            return 0
+        return self.study.contention.retries
+
+    def _settle(self, kept: BenchResult, runs: int) -> None:
+        if kept.contended and runs > 1:
+            self.busy_runs += 1
+            if not self.notes:
+                self.notes.append(
+                    "the machine stayed busy with other processes through a measurement and its retries: later runs "
+                    "were not measured again while it stayed busy (their figures are marked contended)"
+                )
+        elif not kept.contended:
+            self.busy_runs = 0
+
     def run(self, point: Point, spec: BenchSpec) -> BenchResult:
         """One load run of the trial, measured again while it was contended or unreliable (bounded)."""
-        contention = self.study.contention
         load = self.load
         longest = load.longest_s
         if longest is not None and spec.duration is not None and load.mode != "trace":
             spec = dataclasses.replace(spec, duration=longest)
         enough = self._enough(point, spec.rate)
         results: list[BenchResult] = []
-        for _ in range(1 + contention.retries):
+        for _ in range(1 + self.retries()):
             result = run_bench(spec, enough=enough, min_seconds=(load.duration_s or 0.0) / 2)
             results.append(result)
             self.attempts.append(Attempt.of(result, kept=False))
@@ -70,6 +90,7 @@ class Measurer:
                 break
         kept = min(range(len(results)), key=lambda i: _disturbance(results[i]))
         self.attempts[len(self.attempts) - len(results) + kept] = Attempt.of(results[kept], kept=True)
+        self._settle(results[kept], len(results))
         return results[kept]
 
     def clients(self, point: Point) -> int:
@@ -180,9 +201,8 @@ class Measurer:
                 rate=None if rate is None else rate * share,
             )
             specs.append(spec)
-        contention = self.study.contention
         combined: list[BenchResult] = []
-        for _ in range(1 + contention.retries):
+        for _ in range(1 + self.retries()):
             results = dict(zip(self.study.model_names, run_together(specs), strict=True))
             combined.append(combine_mix(results, {name: shares[name] / total for name in results}))
             self.attempts.append(Attempt.of(combined[-1], kept=False))
@@ -190,6 +210,7 @@ class Measurer:
                 break
         kept = min(range(len(combined)), key=lambda i: _disturbance(combined[i]))
         self.attempts[len(self.attempts) - len(combined) + kept] = Attempt.of(combined[kept], kept=True)
+        self._settle(combined[kept], len(combined))
         return combined[kept]
 
 
