@@ -12,8 +12,9 @@ While a trial's load runs, about twice a second (``RunHooks.enough``), the figur
    the run; entirely below the best objective, it cannot win (stop); otherwise the run goes on until the interval's
    half-width is within ``precision`` (3%) of its middle, so that later comparisons rest on a tight figure.
 
-A run stops at the earliest after ``min_seconds`` (half the study's duration) and at the latest at the study's
-``max_duration`` (its duration unless set longer): an undecided trial gets the whole budget.
+A run stops at the earliest after half the study's duration (and never before 3 s, or its whole duration when
+that is shorter: ``measure.min_seconds``), and at the latest at the study's ``max_duration`` (its duration unless
+set longer): an undecided trial gets the whole budget.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ class Measurer:
         enough = self._enough(point, spec.rate)
         results: list[BenchResult] = []
         for _ in range(1 + self.retries()):
-            result = run_bench(spec, enough=enough, min_seconds=(load.duration_s or 0.0) / 2)
+            result = run_bench(spec, enough=enough, min_seconds=min_seconds(load.duration_s or 0.0))
             results.append(result)
             self.attempts.append(Attempt.of(result, kept=False))
             if not (result.contended or result.unreliable):
@@ -255,6 +255,15 @@ def combine_mix(results: dict[str, BenchResult], shares: dict[str, float]) -> Be
         throughput_low_rps=None,
         throughput_high_rps=None,
     )
+
+
+MIN_DECIDE_S = 3.0
+
+
+def min_seconds(duration_s: float) -> float:
+    """The least a load run measures before its figures may end it: half its duration, and never under 3 s (or
+    its whole duration when shorter): a decision on a second of data would rest on its first batches."""
+    return max(duration_s / 2, min(duration_s, MIN_DECIDE_S))
 
 
 def _disturbance(result: BenchResult) -> tuple[bool, float]:
