@@ -101,7 +101,7 @@ def command(
     if remote is None:
         study = prepare(study)  # the space as it is searched (Ray adds a knob), for the line below
     console.print(
-        f"tuning {study.model}: {study.size} configs, {study.sla.describe()}, strategy {study.strategy.name}, "
+        f"tuning {study.model}: {study.size} configs, {describe_sla(study)}, strategy {study.strategy.name}, "
         f"budget {study.budget.describe()}{on_ray(study, remote is not None)} -> {out}",
         highlight=False,
     )
@@ -136,6 +136,16 @@ def _sla(value: str | None) -> float | str | None:
         from servetune._exceptions import ConfigError
 
         raise ConfigError(f"--sla-p99={value!r}: expected milliseconds (1000) or a multiple such as 3x") from None
+
+
+def describe_sla(study: Study) -> str:
+    """The SLA as given: limits in ms, and those sized on this machine (measured before the first trial)."""
+    relative = [f"{key.removesuffix('_ms').upper()} <= {multiple:g}x the single-request latency"
+                for key, multiple in study.sla_scale]  # fmt: skip
+    if not relative:
+        return study.sla.describe()
+    fixed = "" if study.sla.empty else f", {study.sla.describe()}"
+    return " and ".join(relative) + " (measured first)" + fixed
 
 
 def on_ray(study: Study, remote: bool) -> str:
