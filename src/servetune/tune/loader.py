@@ -110,7 +110,10 @@ def override(
             scale += (("p99_ms", multiple("--sla-p99", sla_p99_ms)),)
             study = dataclasses.replace(study, sla=dataclasses.replace(study.sla, p99_ms=None), sla_scale=scale)
         else:
-            limit = float(sla_p99_ms)
+            try:
+                limit = float(sla_p99_ms)
+            except ValueError:
+                limit = -1.0
             if not limit > 0:
                 raise ConfigError(f"--sla-p99={sla_p99_ms!r}: expected milliseconds > 0 or a multiple such as 3x")
             study = dataclasses.replace(study, sla=dataclasses.replace(study.sla, p99_ms=limit), sla_scale=scale)
