@@ -32,7 +32,7 @@ from typing import Any
 from servetune.bench import BenchSpec, run_bench
 from servetune.bench.recording import LATE_MS
 from servetune.bench.schedule import Schedule
-from servetune.bench.ticker import Ticker
+from servetune.bench.ticker import Pacer
 
 _RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\r\nOK"
 
@@ -74,25 +74,26 @@ def serve(port: int) -> None:
 
 
 async def scheduled(rate: float, seconds: float, start: Callable[[float], Coroutine[Any, Any, None]]) -> list[Any]:
-    """The engine's open-loop scheduler (a precise timer, every due send started, then one yield): ``start(intended)``
-    for each send of ``rate`` req/s over ``seconds``; returns the tasks."""
+    """The engine's open-loop scheduler (a precise clock calls back when a send is due; every due send is started):
+    ``start(intended)`` for each send of ``rate`` req/s over ``seconds``; returns the tasks."""
     clock = time.perf_counter
     offsets = Schedule.steady(rate, seconds=seconds).offsets_s.tolist()
-    ticker = Ticker()
     tasks = []
     t0 = clock() + 0.002
-    i = 0
+    cursor = 0
+
+    def fire(now: float) -> float | None:
+        nonlocal cursor
+        while cursor < len(offsets) and t0 + offsets[cursor] <= now:
+            tasks.append(asyncio.ensure_future(start(t0 + offsets[cursor])))
+            cursor += 1
+        return t0 + offsets[cursor] if cursor < len(offsets) else None
+
+    pacer = Pacer()
     try:
-        while i < len(offsets):
-            if t0 + offsets[i] > clock():
-                await ticker.until(t0 + offsets[i])
-            now = clock()
-            while i < len(offsets) and t0 + offsets[i] <= now:
-                tasks.append(asyncio.ensure_future(start(t0 + offsets[i])))
-                i += 1
-            await asyncio.sleep(0)
+        await pacer.run(t0, fire)
     finally:
-        ticker.close()
+        pacer.close()
     return tasks
 
 

@@ -5,10 +5,11 @@ a separate phase that drains before measurement starts.
 
 Open loop: requests leave on a schedule fixed in advance (``BenchSpec.open_schedule``: a rate, a trace, a shape),
 whatever the server does. A request's latency runs from its *intended* send time, so time spent queued behind a slow
-server or a busy client counts (no coordinated omission). The scheduler sleeps on a precise timer (``ticker.py``:
-a timerfd on Linux) until the next send is due, starts every send that is due, and yields to the loop once so they
-leave together; each records when it actually left. A send more than ``LATE_MS`` after its intended time is late:
-the client, not the server, delayed it (``Fidelity`` sums it up: slip percentiles and per-second counts).
+server or a busy client counts (no coordinated omission). A precise clock (``ticker.py``: a timerfd on Linux) calls
+the scheduler back when the next send is due; it starts every send that is due then (never one before its time),
+and they leave on the loop's next iteration; each records when it actually left. A send more than ``LATE_MS`` after
+its intended time is late: the client, not the server, delayed it (``Fidelity`` sums it up: slip percentiles and
+per-second counts).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from servetune.bench.pipeline import PipelineSender
 from servetune.bench.recording import LATE_MS, Recording
 from servetune.bench.sender import RequestSender, Sender
 from servetune.bench.spec import BenchSpec
-from servetune.bench.ticker import Ticker
+from servetune.bench.ticker import Pacer
 
 CHECK_EVERY_S = 0.5  # how often RunHooks.enough is asked
 
@@ -140,7 +141,6 @@ class AsyncEngine:
         tasks: set[asyncio.Task[None]] = set()
         in_flight = 0
         late_s = LATE_MS / 1e3
-        ticker = Ticker()
         stop = _Stop()
         checker: asyncio.Future[None] | None = None
         t0 = clock() + 0.002
@@ -172,39 +172,46 @@ class AsyncEngine:
                 rec.add(intended - m0, (end - min(intended, start)) * 1e3, status, queue, handler, batch, calls,
                         start - m0)  # fmt: skip
 
+        count = len(offsets)
+        cursor = 0
+
+        def fire(now: float) -> float | None:
+            """Start every send due by ``now``; return when the next one is due (None: the schedule is over)."""
+            nonlocal cursor, first_measured, m0, m_offset, cpu0, checker
+            i = cursor
+            while i < count and t0 + offsets[i] <= now:
+                if stop.set:
+                    return None
+                offset = offsets[i]
+                measured = i >= spec.warmup_requests and offset >= spec.warmup_seconds
+                if measured:
+                    if first_measured < 0:
+                        first_measured, m0, m_offset = i, t0 + offset, offset
+                        progress.set_phase("measuring")
+                        cpu0 = time.thread_time()
+                        tasks.add(asyncio.ensure_future(hooks.measure_start()))
+                        checker = asyncio.ensure_future(_checker(hooks, rec, now, stop))
+                    if (spec.requests and i - first_measured >= spec.requests) or (
+                        spec.duration and offset - m_offset >= spec.duration - 1e-9
+                    ):
+                        cursor = count
+                        return None
+                    rec.scheduled += 1
+                task = asyncio.create_task(timed(i, t0 + offset, measured))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                i += 1
+            cursor = i
+            return None if i >= count or stop.set else t0 + offsets[i]
+
+        pacer = Pacer()
         try:
-            i, count = 0, len(offsets)
-            while i < count and not stop.set:
-                due = t0 + offsets[i]
-                if due > clock():
-                    await ticker.until(due)
-                now = clock()
-                # Start every send that is due now, then yield once so that they all leave.
-                while i < count and t0 + offsets[i] <= now:
-                    offset = offsets[i]
-                    measured = i >= spec.warmup_requests and offset >= spec.warmup_seconds
-                    if measured:
-                        if first_measured < 0:
-                            first_measured, m0, m_offset = i, t0 + offset, offset
-                            progress.set_phase("measuring")
-                            cpu0 = time.thread_time()
-                            tasks.add(asyncio.ensure_future(hooks.measure_start()))
-                            checker = asyncio.ensure_future(_checker(hooks, rec, now, stop))
-                        if (spec.requests and i - first_measured >= spec.requests) or (
-                            spec.duration and offset - m_offset >= spec.duration - 1e-9
-                        ):
-                            i = count
-                            break
-                        rec.scheduled += 1
-                    task = asyncio.create_task(timed(i, t0 + offset, measured))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    i += 1
-                await asyncio.sleep(0)
+            if count:
+                await pacer.run(t0 + offsets[0], fire)
             early = stop.set
             await asyncio.gather(*tasks)
         finally:
-            ticker.close()
+            pacer.close()
             stop.set = True
             if checker is not None:
                 checker.cancel()
