@@ -1,7 +1,9 @@
 """What is measured on this machine before the first trial: an SLA relative to the machine, a trace's scale.
 
 - **An SLA sized to this machine** (``sla: {p99_ms: 3x}``, ``--sla-p99 3x``): the default config (1 worker,
-  batch 1) is loaded by one client for a few seconds; its median latency is the single-request latency, and each
+  batch 1) is loaded by one client for about 5 s, and for 10 requests at least (a slow model's single request can
+  take seconds on a busy machine: a median of one or two would be chance); its median latency is the
+  single-request latency, and each
   relative limit becomes that multiple of it ("SLA for this machine: P99 <= 3 x the single-request latency (412 ms)
   = 1236 ms"). A machine twice as slow, or one with a core taken by another process, gets an SLA twice as loose:
   the study asks what batching and workers buy *here*, not whether this machine is as fast as another.
@@ -28,7 +30,8 @@ from servetune.bench.traces import read_trace
 from servetune.tune.study import Study
 
 _LABEL = {"p99_ms": "P99", "p95_ms": "P95", "mean_ms": "mean"}
-CALIBRATION_S = 5.0  # measured seconds of the single-client run (at most; the study's duration if shorter)
+CALIBRATION_S = 5.0  # the single-client run: about this long, and at least MIN_REQUESTS requests
+MIN_REQUESTS, MAX_REQUESTS = 10, 200
 
 
 class Calibrator:
@@ -84,11 +87,11 @@ class Calibrator:
         point = study.baseline
         runner.start()
         runner.configure(point)
-        measurer = runner.measurer
-        load = study.families[0].load
-        seconds = min(CALIBRATION_S, load.duration_s or CALIBRATION_S)
-        spec = dataclasses.replace(measurer.spec(point, concurrency=1), duration=seconds, requests=None, slo=None)
-        result = run_bench(spec)
+        base = dataclasses.replace(runner.measurer.spec(point, concurrency=1), slo=None, duration=None)
+        probe = run_bench(dataclasses.replace(base, requests=2))  # how long one takes, warm-up included
+        each_s = probe.latency.mean_ms / 1000.0 if probe.latency is not None else 1.0
+        count = int(min(MAX_REQUESTS, max(MIN_REQUESTS, CALIBRATION_S / max(each_s, 1e-3))))
+        result = run_bench(dataclasses.replace(base, requests=count, warmup_requests=0, warmup_seconds=0.0))
         if result.latency is None:
             from servetune._exceptions import BenchError
 
