@@ -271,7 +271,15 @@ def markdown(
     lines += [
         "## Study",
         "",
-        f"- SLA: {study.sla.describe()}; objective: {study.objective.kind}; strategy: {study.strategy.name}"
+        f"- SLA: {study.sla.describe()}"
+        + (
+            " (sized on this machine: "
+            + ", ".join(f"{m:g}x the single-request latency" for _, m in study.sla_scale)
+            + "; see the notes)"
+            if study.sla_scale
+            else ""
+        )
+        + f"; objective: {study.objective.kind}; strategy: {study.strategy.name}"
         + (f"; server: {server}" if (server := target_kind(study.backend).describe_server(study)) else ""),
         f"- space: {len(study.families)} famil{'y' if len(study.families) == 1 else 'ies'} "
         f"({', '.join(f.label for f in study.families)}), {study.size} configs"
