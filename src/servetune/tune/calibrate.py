@@ -2,7 +2,8 @@
 
 - **An SLA sized to this machine** (``sla: {p99_ms: 3x}``, ``--sla-p99 3x``): the default config (1 worker,
   batch 1) is loaded by one client for about 5 s, and for 10 requests at least (a slow model's single request can
-  take seconds on a busy machine: a median of one or two would be chance); its median latency is the
+  take seconds on a busy machine: a median of one or two would be chance; 3 at least when 10 would take over 30 s);
+  its median latency is the
   single-request latency, and each
   relative limit becomes that multiple of it ("SLA for this machine: P99 <= 3 x the single-request latency (412 ms)
   = 1236 ms"). A machine twice as slow, or one with a core taken by another process, gets an SLA twice as loose:
@@ -30,8 +31,9 @@ from servetune.bench.traces import read_trace
 from servetune.tune.study import Study
 
 _LABEL = {"p99_ms": "P99", "p95_ms": "P95", "mean_ms": "mean"}
-CALIBRATION_S = 5.0  # the single-client run: about this long, and at least MIN_REQUESTS requests
+CALIBRATION_S = 5.0  # the single-client run: about this long, and MIN_REQUESTS requests at least...
 MIN_REQUESTS, MAX_REQUESTS = 10, 200
+PATIENCE_S = 30.0  # ... unless that takes longer than this: then fewer, 3 at the least
 
 
 class Calibrator:
@@ -90,7 +92,9 @@ class Calibrator:
         base = dataclasses.replace(runner.measurer.spec(point, concurrency=1), slo=None, duration=None)
         probe = run_bench(dataclasses.replace(base, requests=2))  # how long one takes, warm-up included
         each_s = probe.latency.mean_ms / 1000.0 if probe.latency is not None else 1.0
-        count = int(min(MAX_REQUESTS, max(MIN_REQUESTS, CALIBRATION_S / max(each_s, 1e-3))))
+        each_s = max(each_s, 1e-3)
+        least = min(MIN_REQUESTS, max(3, int(PATIENCE_S / each_s)))
+        count = int(min(MAX_REQUESTS, max(least, CALIBRATION_S / each_s)))
         result = run_bench(dataclasses.replace(base, requests=count, warmup_requests=0, warmup_seconds=0.0))
         if result.latency is None:
             from servetune._exceptions import BenchError
