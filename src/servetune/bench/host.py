@@ -55,9 +55,9 @@ def _busy_and_steal() -> tuple[float, float | None]:
     return busy, getattr(times, "steal", None)
 
 
-def _tree_cpu(pids: Iterable[int]) -> float:
-    total = 0.0
-    seen: set[int] = set()
+def _tree(pids: Iterable[int]) -> list[psutil.Process]:
+    """The processes and their descendants (a scan of every process on the machine: slow on a busy one)."""
+    found: dict[int, psutil.Process] = {}
     for pid in pids:
         try:
             root = psutil.Process(pid)
@@ -65,14 +65,17 @@ def _tree_cpu(pids: Iterable[int]) -> float:
         except psutil.Error:
             continue
         for proc in family:
-            if proc.pid in seen:
-                continue
-            seen.add(proc.pid)
-            try:
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            total += _cpu(times)
+            found.setdefault(proc.pid, proc)
+    return list(found.values())
+
+
+def _tree_cpu(procs: Iterable[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            total += _cpu(proc.cpu_times())
+        except psutil.Error:
+            continue
     return total
 
 
@@ -101,27 +104,32 @@ def listeners(url: str) -> tuple[int, ...]:
 
 
 class HostSampler:
-    """``start()`` before the measured part, ``stop()`` after it: the :class:`HostUsage` between the two."""
+    """``start()`` before the measured part, ``stop()`` after it: the :class:`HostUsage` between the two.
+
+    The server's process tree is found when the sampler is made (before the run: finding children scans every
+    process on the machine, tens of milliseconds on a busy one, which must not stall the load's event loop as its
+    measured part begins), and again at ``stop()`` so that a worker started meanwhile is counted."""
 
     def __init__(self, server_pids: Iterable[int] = (), threshold_cores: float = CONTENDED_CORES) -> None:
         self.server_pids = tuple(server_pids)
         self.threshold_cores = threshold_cores
+        self._procs = _tree(self.server_pids) if self.server_pids else []
+        self._own = psutil.Process()
         self._start: tuple[float, float, float | None, float, float] | None = None
 
-    def _sample(self) -> tuple[float, float, float | None, float, float]:
+    def _sample(self, procs: list[psutil.Process]) -> tuple[float, float, float | None, float, float]:
         busy, steal = _busy_and_steal()
-        own = psutil.Process().cpu_times()
-        server = _tree_cpu(self.server_pids) if self.server_pids else 0.0
-        return time.perf_counter(), busy, steal, _cpu(own), server
+        server = _tree_cpu(procs) if self.server_pids else 0.0
+        return time.perf_counter(), busy, steal, _cpu(self._own.cpu_times()), server
 
     def start(self) -> None:
-        self._start = self._sample()
+        self._start = self._sample(self._procs)
 
     def stop(self) -> HostUsage | None:
         if self._start is None:
             return None
         t0, busy0, steal0, own0, server0 = self._start
-        t1, busy1, steal1, own1, server1 = self._sample()
+        t1, busy1, steal1, own1, server1 = self._sample(_tree(self.server_pids) if self.server_pids else [])
         wall = t1 - t0
         if wall <= 0:
             return None
