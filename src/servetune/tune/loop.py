@@ -26,6 +26,8 @@ from servetune.tune.targets import Target, prepare, target_kind
 from servetune.tune.targets.remote import RemoteTarget
 from servetune.tune.trial import Trial, judge
 
+RESERVED = "the rest of the budget is left for the finalists' interleaved rounds"
+
 
 @dataclass
 class TuneResult:
@@ -102,6 +104,7 @@ class _Run:
         self.trials: list[Trial] = []
         self.measured = 0
         self.stopped: str | None = None
+        self.final_phase = False  # measuring the finalists' rounds: nothing left to reserve budget for
         self.started = time.monotonic()
         self._walls: list[float] = []
 
@@ -146,7 +149,10 @@ class _Run:
                     following = self.strategy.propose()
                     while following is not None and self._take(following, previous):
                         following = self.strategy.propose()
-                    if self.stopped is None:
+                    if self.stopped is None or self.stopped.startswith(RESERVED):
+                        if self.stopped is not None:
+                            self.notes.append(f"the search ended early: {self.stopped}")
+                            self.stopped = None
                         self._finalists(previous)
             except KeyboardInterrupt:
                 self.stopped = "interrupted"
@@ -165,6 +171,7 @@ class _Run:
             f"finalists: {', '.join(c.key for c in chosen)}: measured again, interleaved, "
             f"{self.study.strategy.rounds} rounds each",
         )
+        self.final_phase = True
         for proposal in final.plan(self.study, chosen, self.trials):
             if not self._take(proposal, previous):
                 return
@@ -192,14 +199,27 @@ class _Run:
         return True
 
     def _over_budget(self) -> str | None:
+        """Why no other trial may start, if one may not. The search leaves room in the budget for the finalists'
+        rounds (the winner is not named on one lucky run because the search used the time up)."""
         budget = self.study.budget
-        if budget.trials is not None and len(self.trials) >= budget.trials:
-            return f"the trial budget ({budget.trials}) is used up"
+        strategy = self.study.strategy
+        reserve = 0
+        if not self.final_phase and strategy.finalists >= 2:
+            # only once there are finalists to compare: two configs that meet the SLA
+            passed = sum(1 for s in self.strategy.summaries() if s.verdict.passed)
+            reserve = strategy.finalists * strategy.rounds if passed >= 2 else 0
+        if budget.trials is not None:
+            if len(self.trials) >= budget.trials:
+                return f"the trial budget ({budget.trials}) is used up"
+            if len(self.trials) + reserve >= budget.trials:
+                return f"{RESERVED} ({reserve} of the trial budget, {budget.trials})"
         if budget.seconds is not None:
             elapsed = time.monotonic() - self.started
             expected = sum(self._walls) / len(self._walls) if self._walls else 0.0
             if elapsed + expected > budget.seconds:
                 return f"the time budget ({budget.describe()}) would be exceeded by another trial"
+            if elapsed + expected * (1 + reserve) > budget.seconds:
+                return f"{RESERVED} (about {expected * reserve / 60:.1f} min of the time budget)"
         return None
 
     def _best(self) -> str:
