@@ -89,8 +89,8 @@ class Calibrator:
         point = study.baseline
         runner.start()
         runner.configure(point)
-        base = dataclasses.replace(runner.measurer.spec(point, concurrency=1), slo=None, duration=None)
-        probe = run_bench(dataclasses.replace(base, requests=2))  # how long one takes, warm-up included
+        base = dataclasses.replace(runner.measurer.spec(point, concurrency=1), slo=None, duration=None, requests=2)
+        probe = run_bench(base)  # how long one takes (the study's warm-up first)
         each_s = probe.latency.mean_ms / 1000.0 if probe.latency is not None else 1.0
         each_s = max(each_s, 1e-3)
         least = min(MIN_REQUESTS, max(3, int(PATIENCE_S / each_s)))
