@@ -205,9 +205,9 @@ class _Run:
         strategy = self.study.strategy
         reserve = 0
         if not self.final_phase and strategy.finalists >= 2:
-            # only once there are finalists to compare: two configs that meet the SLA
-            passed = sum(1 for s in self.strategy.summaries() if s.verdict.passed)
-            reserve = strategy.finalists * strategy.rounds if passed >= 2 else 0
+            # only while there are finalists to compare: two configs or more within reach of the best
+            finalists = final.choose_finalists(self.study, self.trials, list(self.space.configs()))
+            reserve = len(finalists) * strategy.rounds if len(finalists) >= 2 else 0
         if budget.trials is not None:
             if len(self.trials) >= budget.trials:
                 return f"the trial budget ({budget.trials}) is used up"
