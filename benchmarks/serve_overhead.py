@@ -246,9 +246,10 @@ def main() -> None:
                 overhead = [lat - h for lat, h in zip(rec.latency_ms, rec.handler_ms, strict=True)]
                 medians.append(statistics.median(overhead))
                 busy_runs.append(others >= CONTENDED_CORES)
+                p90 = f"{statistics.quantiles(overhead, n=10)[-1]:.2f} ms" if len(overhead) >= 2 else "n/a"
                 print(
                     f"frontend overhead at batch 1 (client latency - handler time), over {len(overhead)} requests: "
-                    f"median {medians[-1]:.2f} ms, p90 {statistics.quantiles(overhead, n=10)[-1]:.2f} ms "
+                    f"median {medians[-1]:.2f} ms, p90 {p90} "
                     f"(others {others:.2f} cores{'; CONTENDED' if busy_runs[-1] else ''})",
                     flush=True,
                 )
