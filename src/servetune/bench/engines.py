@@ -28,11 +28,17 @@ async def _nothing() -> None:
 @dataclass
 class RunHooks:
     """Called by an engine: ``measure_start`` once the warm-up is over, just before the first measured request
-    (and not awaited in the open loop's schedule), ``measure_end`` after the last measured answer."""
+    (and not awaited in the open loop's schedule), ``measure_end`` after the last measured answer.
+
+    ``enough`` lets a caller end the measured part early (the built-in engine only): once ``min_seconds`` of it have
+    run, about twice a second, it is given the recording so far and the seconds measured, and returns True when the
+    figures are tight enough to decide on (the tuner's early stop). Keep it cheap: it runs on the client's loop."""
 
     measure_start: Callable[[], Awaitable[None]] = _nothing
     measure_end: Callable[[], Awaitable[None]] = _nothing
     progress: Progress = field(default_factory=Progress)
+    enough: Callable[[Recording, float], bool] | None = None
+    min_seconds: float = 0.0
 
 
 class Engine(Protocol):

@@ -50,16 +50,26 @@ class TrialRunner:
         self._served: dict[str, Served] = {}  # model -> what it is served from, and the config it is in
         self._started = False
 
-    def run(self, proposal: Proposal, index: int) -> Trial:
+    def use(self, study: Study) -> None:
+        """Measure for ``study`` from now on (the same study with its SLA resolved on this machine)."""
+        self.study = self.measurer.study = study
+
+    def start(self) -> None:
+        """Start the target (once; the first trial does it otherwise)."""
         if not self._started:
             self.target.start()
             self._started = True
+
+    def run(self, proposal: Proposal, index: int) -> Trial:
+        self.start()
         config = proposal.config
         started = time.monotonic()
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         make = partial(
-            Trial, index=index, config=config, repeat=proposal.repeat, started_at=stamp, reason=proposal.reason
-        )
+            Trial, index=index, config=config, repeat=proposal.repeat, started_at=stamp, reason=proposal.reason,
+            phase=proposal.phase,
+        )  # fmt: skip
+        self.measurer.attempts = []
         try:
             self.configure(config)
         except (ManagementError, ConfigError) as exc:
@@ -72,7 +82,8 @@ class TrialRunner:
             trial = self._measure(config, make)
         except (BenchError, ConfigError) as exc:
             trial = make(status="error", error=f"load run failed: {exc}")
-        return dataclasses.replace(trial, setup_s=round(setup_s, 3), wall_s=round(time.monotonic() - started, 3))
+        return dataclasses.replace(trial, setup_s=round(setup_s, 3), wall_s=round(time.monotonic() - started, 3),
+                                   attempts=tuple(self.measurer.attempts))  # fmt: skip
 
     # ---- configuring ----------------------------------------------------------------------------------------
 
@@ -143,7 +154,11 @@ class TrialRunner:
             )
             result = found.result
             extra: dict[str, Any] = {"probes": found.probes, "capacity_rps": found.rate}
-            shape = {"rate": round(found.rate, 3), "arrival": load.arrival}
+            shape: dict[str, Any] = {"rate": round(found.rate, 3), "arrival": load.arrival}
+        elif load.mode == "trace":
+            result, extra = measurer.replay(point), {}
+            schedule = measurer.schedule
+            shape = {"trace": schedule.name if schedule is not None else ""}
         else:
             clients = measurer.clients(point)
             result, extra, shape = measurer.closed(point, clients), {}, {"concurrency": clients}

@@ -26,6 +26,11 @@ class Target(Protocol):
 
     def archive_url(self, family: Family) -> str: ...
 
+    def server_pids(self) -> tuple[int, ...]:
+        """The server's processes on this machine (their children included): their CPU is the server's, not
+        interference. () when unknown (the bench then looks for the process listening on the URL's port)."""
+        ...
+
     def close(self) -> None: ...
 
 

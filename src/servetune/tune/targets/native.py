@@ -70,6 +70,10 @@ class EmbeddedTarget:
             self._urls[family.label] = self.builder.family(family, self.kind.model_config(family))
         return self._urls[family.label]
 
+    def server_pids(self) -> tuple[int, ...]:
+        proc = self.server.proc if self.server is not None else None
+        return (proc.pid,) if proc is not None else ()
+
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()

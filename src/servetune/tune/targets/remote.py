@@ -110,5 +110,8 @@ class RemoteTarget:
         else:
             self.management.scale(self.model, workers)
 
+    def server_pids(self) -> tuple[int, ...]:
+        return ()  # a running server: the bench finds the process listening on its port, when it is on this machine
+
     def close(self) -> None:
         self.restore()
