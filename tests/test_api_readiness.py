@@ -71,7 +71,8 @@ def start(
     config.write_text(
         f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:{free_port()}\n"
         f"metrics_address=http://127.0.0.1:{free_port()}\ndisable_token_authorization=true\n"
-        "default_workers_per_model=1\ngrpc_inference_port=0\ngrpc_management_port=0\n"
+        "grpc_inference_port=0\ngrpc_management_port=0\n"  # never TorchServe's 7070/7071: another server may hold them
+        "default_workers_per_model=1\n"
     )
     args = [sys.executable, "-m", "servetune", "serve", "--ts-config", str(config), "--backend", backend]
     args += ["--model-store", str(tmp_path / "store"), "--models", models, "--ray-address", address]

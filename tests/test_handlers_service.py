@@ -45,8 +45,7 @@ def make_service(
         model_name="m",
         gpu_id=None,
         batch_size=batch_size,
-        model_yaml_config={},
-        **kwargs,
+        **{"model_yaml_config": {}, **kwargs},
     )
 
 
@@ -143,6 +142,25 @@ def test_load_failures_raise_handler_error(tmp_path: Path, source: str, handler:
         make_service(tmp_path, source, handler=handler)
     if "raise" in source:
         assert "handler.py" in str(info.value)  # the traceback summary points into the handler
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        ECHO,
+        "class Echo:\n    def initialize(self, context):\n        pass\n    def handle(self, data, context):\n"
+        "        return [row.get('body') for row in data]\n",
+    ],
+    ids=["function", "class-of-its-own"],
+)
+def test_a_variant_that_the_handler_would_not_apply_is_a_load_error(tmp_path: Path, source: str) -> None:
+    with pytest.raises(HandlerError, match=r"optimization='bf16', but handler 'handler.py' does not apply it"):
+        make_service(tmp_path, source, model_yaml_config={"optimization": "bf16"})
+    # eager is the model as loaded: nothing to apply
+    assert (
+        make_service(tmp_path, source, model_yaml_config={"optimization": "eager"}).predict([req(b"x")])[0].status
+        == 200
+    )
 
 
 def test_manifest_without_handler(tmp_path: Path) -> None:

@@ -213,13 +213,15 @@ def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.stdout is not None
-    with proc.stdout:
-        for line in proc.stdout:
-            if line.startswith("Model server started."):
-                break
-        workers = psutil.Process(proc.pid).children(recursive=True)
-        assert len(workers) == 2
-        proc.kill()
+    try:
+        with proc.stdout:
+            for line in proc.stdout:
+                if line.startswith("Model server started."):
+                    break
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            assert len(workers) == 2
+    finally:
+        proc.kill()  # the point of the test, and no stray server if it failed before that
         proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"orphan workers: {alive}"

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servetune._exceptions import ServetuneError
 
-class TensorError(ValueError):
+
+class TensorError(ServetuneError, ValueError):
     """A tensor, or a request or response holding it, is invalid (a server answers it 400)."""
 
 

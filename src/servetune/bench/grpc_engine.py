@@ -16,6 +16,7 @@ tenth of the HTTP engine's; the client CPU it reports counts gRPC's own threads,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -158,7 +159,7 @@ class GrpcEngine(AsyncEngine):
             cpu.append(_process_cpu())
             await hooks.measure_end()
 
-        timed = RunHooks(start, end, hooks.progress)
+        timed = dataclasses.replace(hooks, measure_start=start, measure_end=end)
         try:
             if spec.mode == "closed":
                 rec = await self._closed(spec, sender, timed)

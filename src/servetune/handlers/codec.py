@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from servetune._exceptions import error_body
+from servetune._exceptions import HandlerError, error_body
 from servetune.handlers.util import BadInputError
 from servetune.tensor_limits import strict_json
 
@@ -51,7 +51,7 @@ def decode_value(name: str, content_type: str | None, data: bytes, *, decode: bo
     return bytearray(data)
 
 
-class UnsupportedOutputError(TypeError):
+class UnsupportedOutputError(HandlerError, TypeError):
     """A handler returned a value that has no wire form."""
 
 

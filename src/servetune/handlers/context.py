@@ -97,6 +97,8 @@ class Context:
         self.partial_sink: Callable[[str, int, bytes, str | None], None] | None = None
         # servetune's: what one tensor of an OIP request may claim (the server's max_tensor_* keys)
         self.tensor_limits: TensorLimits = DEFAULT_LIMITS
+        # servetune's: set by BaseHandler.initialize, which applies model-config.yaml's ``optimization`` (or fails)
+        self.applies_optimization = False
         self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
         self.header_key_sequence_start = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
         self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")

@@ -34,6 +34,7 @@ from http import HTTPStatus
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from servetune._exceptions import HandlerError
 from servetune.handlers.codec import error_body, json_value
 from servetune.handlers.context import Context, RequestProcessor
 from servetune.handlers.control import KSERVE_V1, OIP_V2
@@ -54,7 +55,7 @@ FORM_ATTRIBUTE = "servetune_envelope"  # on the handler class or module: "tensor
 Handle = Callable[[Any, Context], Any]
 
 
-class EnvelopeMismatch(RuntimeError):
+class EnvelopeMismatch(HandlerError):
     """The handler's answers cannot be shared out among the batch's requests (the worker runs each alone)."""
 
 

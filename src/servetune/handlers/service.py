@@ -248,6 +248,7 @@ def load_service(
         module, function_name = import_handler_module(handler, model_dir)
         entry_point, initialize = resolve_entry_point(module, function_name)
         initialize(context)
+        _check_optimization_applied(context, handler)
     except HandlerError:
         raise
     except Exception as exc:
@@ -256,6 +257,20 @@ def load_service(
     explains = handler_explains(wrapped.owner)
     metadata = handler_metadata(wrapped.owner)
     return Service(context, wrapped, decode_input_request=decode_input_request, explains=explains, metadata=metadata)
+
+
+def _check_optimization_applied(context: Context, handler: str) -> None:
+    """A variant named in model-config.yaml (``optimization``) is applied by ``BaseHandler.initialize``; a handler that
+    never ran it (a plain function, a class of its own) would serve the eager model under the variant's name: a load
+    error instead, saying why."""
+    name = context.model_yaml_config.get("optimization")
+    if name and name != "eager" and not context.applies_optimization:
+        raise HandlerError(
+            f"model {context.model_name!r}: model-config.yaml says optimization={name!r}, but handler {handler!r} "
+            "does not apply it: variants are applied by BaseHandler.initialize, which this handler (a plain function "
+            "or a class of its own) never runs. Build the handler on BaseHandler (or have it call BaseHandler's "
+            "initialize), or remove the key (docs/optimize.md)"
+        )
 
 
 def _summary(exc: BaseException, frames: int = 6) -> str:

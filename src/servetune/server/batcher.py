@@ -10,6 +10,7 @@ import collections
 import time
 from dataclasses import dataclass
 
+from servetune._exceptions import ServetuneError
 from servetune.api.types import InferRequest, InferResult
 
 
@@ -42,7 +43,7 @@ class Job:
         )
 
 
-class QueueFull(Exception):
+class QueueFull(ServetuneError):
     """The model's job queue is at capacity (internal: the served model answers ``ApiError.queue_full``)."""
 
 

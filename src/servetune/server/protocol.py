@@ -15,12 +15,14 @@ import socket
 import struct
 from typing import Any
 
+from servetune._exceptions import WorkerError
+
 _U32 = struct.Struct("!I")
 MAX_FRAME = 1 << 31
 
 
-class ProtocolError(Exception):
-    """The peer sent something that is not a frame, or closed mid-frame."""
+class ProtocolError(WorkerError):
+    """The peer sent something that is not a frame (or a frame that is not a message)."""
 
 
 def encode(header: dict[str, Any], blobs: list[bytes] | None = None) -> bytes:
