@@ -67,22 +67,28 @@ def file_of(frame: str) -> str:
 # headers. Order matters only within one frame.
 CONCERNS = [
     ("thread count per batch (psutil /sys glob)", ("hardware.py", "worker_threads", "psutil/")),
-    ("metrics (prometheus_client, servetune metrics)", ("prometheus_client/", "servetune/server/metrics.py")),
+    ("metrics (prometheus_client, servetune metrics)", ("prometheus_client/", "servetune/api/metrics.py")),
     ("worker framing (protocol.py, JSON)", ("servetune/server/protocol.py",)),
     ("worker pipe (process.py, asyncio streams)", ("servetune/server/process.py", "asyncio/streams.py")),
     ("batcher and dispatch (batcher.py, model.py)", ("servetune/server/batcher.py", "servetune/server/model.py")),
     ("request id (uuid4)", ("uuid.py",)),
     ("request headers (starlette Headers, dict copy)", ("starlette/datastructures.py",)),
-    ("response object and headers (starlette Response)", ("starlette/responses.py", "servetune/server/http.py")),
+    ("response object and headers (starlette Response)", ("starlette/responses.py", "answer_response")),
     ("body read (request.stream)", ("read_body", "starlette/requests.py")),
     ("multipart/form parsing", ("multipart", "starlette/formparsers.py", "parse_inputs")),
     (
         "Starlette routing and middleware",
         ("starlette/", "uvicorn/middleware/"),
     ),
-    ("HTTP parse/serialise (uvicorn httptools, keep-alive)", ("uvicorn/protocols/", "servetune/api/keepalive.py")),
+    (
+        "HTTP parse/serialise (uvicorn httptools, keep-alive, head limits)",
+        ("uvicorn/protocols/", "servetune/api/keepalive.py", "servetune/api/http_guard.py"),
+    ),
     ("socket reads/writes (asyncio transport)", ("asyncio/selector_events.py",)),
-    ("predictions endpoint (inference.py)", ("servetune/server/inference.py",)),
+    (
+        "predictions endpoint and gateway (torchserve_rest.py, rest.py, gateway.py)",
+        ("servetune/api/torchserve_rest.py", "servetune/api/rest.py", "servetune/api/gateway.py"),
+    ),
     ("event loop, tasks, futures (asyncio)", ("asyncio/", "selectors.py", "_weakrefset.py", "contextvars")),
 ]
 

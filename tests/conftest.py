@@ -104,19 +104,20 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
 # so that two never run at once on two cores.
 LONGEST_FIRST = [
     "test_tune_ray.py",  # Ray
-    "test_tune_e2e.py",
-    "test_api_backends.py",  # Ray
-    "test_tune_app_e2e.py",
-    "test_api_readiness.py",  # Ray
-    "test_server_faults.py",
-    "test_ray_serve.py",  # Ray
-    "test_server_fuzz.py",
-    "test_api_kserve.py",  # Ray
-    "test_server_management.py",
-    "test_grpc_api.py",  # Ray
-    "test_tune_protocols.py",
-    "test_bench_async_engine.py",
     "test_pt2.py",
+    "test_animated_drawings.py",
+    "test_api_backends.py",  # Ray
+    "test_tune_e2e.py",
+    "test_api_readiness.py",  # Ray
+    "test_tune_protocols.py",
+    "test_ray_serve.py",  # Ray
+    "test_tune_app_e2e.py",
+    "test_server_management.py",
+    "test_server_faults.py",
+    "test_api_kserve.py",
+    "test_server_fuzz.py",
+    "test_bench_async_engine.py",
+    "test_optimize_variants.py",
 ]
 RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from servetune.handlers.control import KSERVE_V1, OIP_METADATA, OIP_V2, Control
+from servetune.handlers.control import KSERVE_V1, OIP_V2, Control
 from servetune.handlers.service import InputParam, Request, Response, Service, load_service
 from servetune.tensors import (
     HEADER_LENGTH,
@@ -251,12 +251,14 @@ def test_service_envelope_applies_to_torchserves_routes(tmp_path: Path) -> None:
         service(tmp_path, DOUBLER, envelope="soap")
 
 
-def test_the_handlers_metadata_is_asked_without_handle(tmp_path: Path) -> None:
+def test_the_handlers_metadata_is_read_once_when_it_loads(tmp_path: Path) -> None:
     svc = service(tmp_path, DOUBLER)
-    calls().clear()
-    request = Request("m", {}, [InputParam("body", None, b"")], Control(OIP_METADATA))
-    assert json.loads(svc.predict([request])[0].body)["platform"] == "p"
-    assert calls() == []
+    assert svc.metadata is not None and svc.metadata["platform"] == "p"  # what the worker reports when loaded
+    unjsonable = (
+        "def model_metadata():\n    return {'platform': object()}\n\n"
+        "def handle(data, context):\n    return None if data is None else data\n"
+    )
+    assert service(tmp_path, unjsonable).metadata is None  # one the worker cannot send: none, not a failed load
 
 
 def test_the_tensors_form_gets_requests_and_answers_with_any_tensor_shape(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ import pytest
 from http_client import call
 from models import handler_archive
 from servetune.embedded import EmbeddedServer
-from servetune.protos import BATCH_SIZE, TORCHSERVE_INFERENCE, methods
+from servetune.protos import TORCHSERVE_INFERENCE, methods
+from servetune.timing import BATCH_SIZE
 
 BATCH = 4
 

@@ -69,7 +69,7 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON (send such values in binary)")
 
 
-def strict_json(text: bytes | str) -> Any:
+def strict_json(text: bytes | bytearray | str) -> Any:
     """``json.loads`` without Python's extensions: ``NaN``, ``Infinity`` and ``-Infinity`` are refused."""
     return json.loads(text, parse_constant=_not_json)
 

@@ -42,6 +42,9 @@ class InferRequest:
     # handler sends (``send_intermediate_predict_response``) reaches this callback, on the event loop, before
     # ``Backend.infer`` returns the final answer. None: intermediate answers are dropped.
     on_partial: Callable[[InferResult], None] | None = None
+    # time.monotonic() after which the client no longer waits (gRPC's deadline; None: none): the native batcher drops
+    # the request rather than run it. Meaningful in this process only (a monotonic clock is per host).
+    deadline: float | None = None
 
     @property
     def solo(self) -> bool:

@@ -1,6 +1,6 @@
 """A request's control data: what the server decided about it from the route it came in by, typed, per request.
 
-The protocol (TorchServe's own routes, KServe v1, OIP v2, an OIP metadata call), whether it asks for an explanation
+The protocol (TorchServe's own routes, KServe v1, OIP v2), whether it asks for an explanation
 and whether it is TorchServe's describe call travel as a :class:`Control` beside each request (``InferRequest`` in the
 API, each item of the worker's ``Predict``, each ``Request`` a handler batch is built from), never as headers: a client
 could send a header of the same name, and a handler reading request 0's header decides for the whole batch.
@@ -20,8 +20,7 @@ from typing import Any
 TORCHSERVE = "torchserve"  # TorchServe's own routes: the configured ``service_envelope``, if any
 KSERVE_V1 = "kserve-v1"
 OIP_V2 = "oip-v2"
-OIP_METADATA = "oip-metadata"  # not a prediction: the handler's ``model_metadata()``, answered without ``handle``
-PROTOCOLS = (TORCHSERVE, KSERVE_V1, OIP_V2, OIP_METADATA)
+PROTOCOLS = (TORCHSERVE, KSERVE_V1, OIP_V2)
 
 EXPLAIN_HEADER = "explain"
 DESCRIBE_HEADER = "describe"
@@ -44,8 +43,8 @@ class Control:
 
     @property
     def solo(self) -> bool:
-        """Runs in a batch of its own: TorchServe's describe call, an OIP metadata question."""
-        return self.describe or self.protocol == OIP_METADATA
+        """Runs in a batch of its own: TorchServe's describe call."""
+        return self.describe
 
     @property
     def key(self) -> tuple[str, bool, bool]:
@@ -99,7 +98,6 @@ __all__ = [
     "EXPLAINS_ATTRIBUTE",
     "EXPLAIN_HEADER",
     "KSERVE_V1",
-    "OIP_METADATA",
     "OIP_V2",
     "PROTOCOLS",
     "RESERVED_PREFIX",

@@ -35,9 +35,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from servetune._exceptions import HandlerError
-from servetune.handlers.codec import error_body
+from servetune.handlers.codec import error_body, json_value
 from servetune.handlers.context import Context, RequestProcessor
-from servetune.handlers.control import KSERVE_V1, OIP_METADATA, OIP_V2
+from servetune.handlers.control import KSERVE_V1, OIP_V2
 from servetune.handlers.util import BadInputError
 
 if TYPE_CHECKING:
@@ -74,14 +74,10 @@ def _body(row: dict[str, Any]) -> Any:
     return value if value else row.get("body", value)
 
 
-def _json_body(row: dict[str, Any]) -> Any:
+def _json_body(row: dict[str, Any], *, strict: bool = False) -> Any:
+    """The row's body as JSON (already decoded by the worker when it came as ``application/json``)."""
     body = _body(row)
-    if isinstance(body, (bytes, bytearray)):
-        try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise BadInputError(f"the body is not valid JSON ({exc})") from None
-    return body
+    return json_value("body", body, strict=strict) if isinstance(body, (bytes, bytearray)) else body
 
 
 class BodyEnvelope:
@@ -119,10 +115,12 @@ class JsonEnvelope:
 
 
 class KServeEnvelope:
-    """``kserve`` (KServe v1): the ``instances`` in, ``{"predictions": [...]}`` (or ``explanations``) out."""
+    """``kserve`` (KServe v1): the ``instances`` in, ``{"predictions": [...]}`` (or ``explanations``) out. The one
+    place a v1 body is checked (the API hands it over as it came): strict JSON on KServe's route, an object with an
+    ``instances`` or ``inputs`` list (400 otherwise)."""
 
     def parse(self, row: dict[str, Any], context: Context, idx: int) -> tuple[list[Any], Any]:
-        body = _json_body(row)
+        body = _json_body(row, strict=context.get_request_control(idx).protocol == KSERVE_V1)
         instances = None
         if isinstance(body, dict):
             instances = body.get("instances", body.get("inputs"))
@@ -354,10 +352,6 @@ class Envelopes:
         processors, ids = context.request_processor, context.request_ids or {}
         try:
             for group in groups:
-                if group.envelope == OIP_METADATA:
-                    for i in group.indices:
-                        answers[i] = handler_metadata(self.owner)
-                    continue
                 rows = [data[i] for i in group.indices]
                 context.request_processor = [processors[i] for i in group.indices]
                 context.request_ids = {j: ids.get(i, "") for j, i in enumerate(group.indices)}
@@ -375,7 +369,7 @@ class Envelopes:
             if control.describe:
                 return None
             protocol = control.protocol
-            key = {KSERVE_V1: "kserve", OIP_V2: self.v2, OIP_METADATA: OIP_METADATA}.get(protocol, self.default)
+            key = {KSERVE_V1: "kserve", OIP_V2: self.v2}.get(protocol, self.default)
             keys.setdefault(key or "", []).append(i)
         if list(keys) == [""]:
             return None
@@ -462,14 +456,16 @@ def _reject(processor: RequestProcessor, request_id: str | None, exc: BadInputEr
 _STATUSES = frozenset(s.value for s in HTTPStatus)
 
 
-def handler_metadata(owner: Any) -> Any:
-    """The handler's own OIP metadata (``model_metadata()`` on its class or module), or None."""
+def handler_metadata(owner: Any) -> dict[str, Any] | None:
+    """The handler's own OIP metadata (``model_metadata()`` on its class or module): a mapping that JSON can carry
+    (the worker reports it once, when loaded), or None."""
     method = getattr(owner, "model_metadata", None)
     if not callable(method):
         return None
     try:
         value = method()
-    except Exception:  # noqa: BLE001 - metadata is optional: a failing method means none
+        json.dumps(value)
+    except Exception:  # noqa: BLE001 - metadata is optional: a failing method (or an answer JSON cannot carry) means none
         logger.warning("model_metadata() failed", exc_info=True)
         return None
     return value if isinstance(value, dict) else None
@@ -483,7 +479,6 @@ def with_envelopes(handle: Handle, module: ModuleType, service_envelope: str | N
 __all__ = [
     "ENVELOPES",
     "KSERVE_V1",
-    "OIP_METADATA",
     "OIP_V2",
     "SERVICE_ENVELOPES",
     "Envelopes",

@@ -26,7 +26,7 @@ from servetune.handlers.codec import UnsupportedOutputError, decode_value, encod
 from servetune.handlers.compat import install_ts_alias
 from servetune.handlers.context import Context, RequestProcessor
 from servetune.handlers.control import DEFAULT, KSERVE_V1, OIP_V2, Control, handler_explains, handler_headers
-from servetune.handlers.envelopes import with_envelopes
+from servetune.handlers.envelopes import handler_metadata, with_envelopes
 from servetune.handlers.loader import EntryPoint, forget_shadowed_modules, import_handler_module, resolve_entry_point
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
@@ -80,11 +80,14 @@ class Service:
         *,
         decode_input_request: bool = True,
         explains: bool = True,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         self._context = context
         self._entry_point = entry_point
         self._decode = decode_input_request
         self._explains = explains  # False: explain requests are answered 501 without calling the handler
+        # what the handler's ``model_metadata()`` answered once loaded (the OIP tensors it declares), or None
+        self.metadata = metadata
 
     @property
     def context(self) -> Context:
@@ -121,7 +124,11 @@ class Service:
         return [r if r is not None else error_response(503, "Prediction failed") for r in responses]
 
     def _decode_request(self, request: Request) -> dict[str, Any]:
-        return {p.name: decode_value(p.name, p.content_type, p.data, decode=self._decode) for p in request.inputs}
+        strict = request.control.protocol == KSERVE_V1  # KServe's body is strict JSON (NaN is not JSON)
+        return {
+            p.name: decode_value(p.name, p.content_type, p.data, decode=self._decode, strict=strict)
+            for p in request.inputs
+        }
 
     def _run(self, requests: list[Request], rows: list[dict[str, Any]]) -> list[Response]:
         ctx = self._context
@@ -248,7 +255,8 @@ def load_service(
         raise HandlerError(f"model {model_name!r}: handler {handler!r} failed to load: {_summary(exc)}") from exc
     wrapped = with_envelopes(entry_point, module, service_envelope)
     explains = handler_explains(wrapped.owner)
-    return Service(context, wrapped, decode_input_request=decode_input_request, explains=explains)
+    metadata = handler_metadata(wrapped.owner)
+    return Service(context, wrapped, decode_input_request=decode_input_request, explains=explains, metadata=metadata)
 
 
 def _check_optimization_applied(context: Context, handler: str) -> None:

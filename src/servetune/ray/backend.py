@@ -198,8 +198,20 @@ class RayBackend:
         return await asyncio.to_thread(self.cluster.wait_replicas, name, rv.version, count, 0.0)
 
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        """Asked of a replica of the version (its handler's metadata is there); a version without replicas declares
+        only what its model-config.yaml does."""
+        from ray import serve
+        from ray.exceptions import RayError
+
         rv = self.get(name, version)
-        return await model_metadata(self, rv.plan, list(self.plans[name].versions))
+        if not rv.serving:
+            return model_metadata(rv.plan, list(self.plans[name].versions))
+        handle = serve.get_deployment_handle(deployment_name(name, rv.version), app_name=name)
+        try:
+            metadata: ModelMetadata = await handle.metadata_remote.remote()
+        except RayError as exc:
+            raise ApiError.unavailable(f"Worker died while reading the model's metadata: {exc}") from None
+        return metadata
 
     # ---- management --------------------------------------------------------------------------
 

@@ -96,7 +96,7 @@ class ReplicaView:
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
         meant, other = self._other(name, version)
         if meant == self.replica.plan.version:
-            return await model_metadata(self, self.replica.plan, list(self.model.versions))
+            return model_metadata(self.replica.plan, list(self.model.versions), self.replica.service.metadata)
         if other is None:
             return ModelMetadata(name, self.model.versions, "")  # no replica holds its plan: no tensors
         return await handles.metadata(other)

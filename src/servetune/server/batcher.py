@@ -33,8 +33,14 @@ class Job:
 
     @property
     def abandoned(self) -> bool:
-        gone = self.request.is_disconnected
-        return self.future.done() or (gone is not None and gone())
+        """Answered already, or nobody waits for the answer: the client went away or its deadline passed."""
+        request = self.request
+        gone, deadline = request.is_disconnected, request.deadline
+        return (
+            self.future.done()
+            or (gone is not None and gone())
+            or (deadline is not None and time.monotonic() >= deadline)
+        )
 
 
 class QueueFull(ServetuneError):

@@ -111,7 +111,8 @@ def main(argv: list[str]) -> int:
         sock.sendall(LoadError(f"{type(exc).__name__}: {exc}", traceback.format_exc()).encode())
         return 1
     load_ms = (time.perf_counter() - start) * 1000.0
-    sock.sendall(Ready(os.getpid(), load_ms, cpu_settings(), CLOCK.interpreter_ms, imports_ms).encode())
+    ready = Ready(os.getpid(), load_ms, cpu_settings(), CLOCK.interpreter_ms, imports_ms, service.metadata)
+    sock.sendall(ready.encode())
     _serve(sock, service, spec)
     return 0
 

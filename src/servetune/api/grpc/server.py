@@ -22,10 +22,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from servetune._exceptions import ApiError, ConfigError
-from servetune.api.grpc.calls import Served
+from servetune.api.gateway import Gateway
 from servetune.api.grpc.health import Health
 from servetune.api.grpc.oip import OipService
 from servetune.api.grpc.torchserve import TorchServeInference, TorchServeManagement
+from servetune.api.management import Management
 from servetune.protos import HEALTH, OIP, TORCHSERVE_INFERENCE, TORCHSERVE_MANAGEMENT, Method, methods
 
 log = logging.getLogger("servetune.grpc")
@@ -128,17 +129,20 @@ def target(host: str, port: int) -> str:
 class GrpcServers:
     """Bind with :meth:`start` (after the HTTP APIs), read :attr:`urls`, :meth:`stop` in the server's shutdown."""
 
-    def __init__(self, served: Served) -> None:
-        self.served = served
+    def __init__(self, gateway: Gateway, management: Management) -> None:
+        self.gateway = gateway
+        self.management = management
+        self.config = gateway.config
         self.urls: dict[str, str] = {}
         self._servers: list[grpc.aio.Server] = []
 
     def ports(self) -> list[Port]:
-        config, served = self.served.config, self.served
+        """The gRPC services, by port: adding a protocol on gRPC is its service module and its line here."""
+        config, gateway = self.config, self.gateway
         inference = (
-            (TORCHSERVE_INFERENCE, TorchServeInference(served)),
-            (OIP, OipService(served)),
-            (HEALTH, Health(served)),
+            (TORCHSERVE_INFERENCE, TorchServeInference(gateway)),
+            (OIP, OipService(gateway)),
+            (HEALTH, Health(gateway)),
         )
         return [
             Port(
@@ -155,12 +159,12 @@ class GrpcServers:
                 config.grpc_management_port,
                 config.grpc_management_max_connection_age_ms,
                 config.grpc_management_max_connection_age_grace_ms,
-                ((TORCHSERVE_MANAGEMENT, TorchServeManagement(served)),),
+                ((TORCHSERVE_MANAGEMENT, TorchServeManagement(gateway, self.management)),),
             ),
         ]
 
     def options(self, port: Port) -> list[tuple[str, int]]:
-        config = self.served.config
+        config = self.config
         options = [
             ("grpc.max_receive_message_length", config.max_request_size),
             ("grpc.max_send_message_length", config.max_response_size + RESPONSE_OVERHEAD),
