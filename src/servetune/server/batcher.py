@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servetune._exceptions import ApiError, ServetuneError
+from servetune._exceptions import ServetuneError
 from servetune.api.types import InferRequest, InferResult
 
 
@@ -109,14 +109,9 @@ class Batcher:
         return True
 
     def _discard(self, job: Job) -> None:
-        """Drop an abandoned job: a client still connected whose deadline passed is answered 504 (it may be waiting:
-        ``x-servetune-timeout-ms``); one that went away, nobody to answer."""
+        """Drop an abandoned job: nobody waits for its answer (the client went away, or its deadline passed)."""
         if not job.future.done():
-            gone = job.request.is_disconnected
-            if job.request.deadline is not None and not (gone is not None and gone()):
-                job.future.set_exception(ApiError.timeout("The request's deadline passed while it waited in the queue"))
-            else:
-                job.future.cancel()
+            job.future.cancel()
         self.dropped_disconnected += 1
 
     def _prune(self) -> None:
