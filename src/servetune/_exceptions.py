@@ -9,7 +9,9 @@ ServetuneError
  ├── WorkerError          a worker process failed the frontend
  │    ├── WorkerLoadError      it could not load its model (the message is the handler's own)
  │    ├── WorkerDied           it exited, or its connection broke, while it was needed
- │    └── WorkerTimeout        it did not answer in time
+ │    ├── WorkerTimeout        it did not answer in time
+ │    └── ParentUnavailable    a model's parent process cannot fork its workers (gone, or a fork would be unsound:
+ │                             ``hazard``); the worker is spawned instead
  ├── BenchError           a load run could not be carried out
  ├── ManagementError      (servetune.tune) a management API refused a call; ``status`` is its HTTP status
  └── OptimizeError        a model variant could not be made or used
@@ -172,6 +174,14 @@ class WorkerDied(WorkerError):
 
 class WorkerTimeout(WorkerError):
     """The worker did not answer within the allowed time."""
+
+
+class ParentUnavailable(WorkerError):
+    """A model's parent process cannot fork a worker: it died, or (``hazard``) forking it would not be sound."""
+
+    def __init__(self, message: str, *, hazard: bool = False) -> None:
+        super().__init__(message)
+        self.hazard = hazard
 
 
 class BenchError(ServetuneError):

@@ -4,15 +4,20 @@
     payload := u32 header_length | header (UTF-8 JSON object) | blob_0 | blob_1 | ...
 
 The header lists the blob lengths under ``"_blobs"``; bodies travel as raw bytes, never pickled. What the
-headers say is typed in ``servetune.server.messages``.
+headers say is typed in ``servetune.server.messages`` (frontend <-> worker) and ``servetune.server.fork_messages``
+(frontend <-> a model's worker parent). A frame may carry file descriptors (SCM_RIGHTS): its header counts them
+under ``"_fds"``, and :class:`FrameBuffer` hands each frame its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import struct
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 _U32 = struct.Struct("!I")
@@ -23,8 +28,11 @@ class ProtocolError(Exception):
     """The peer sent something that is not a frame, or closed mid-frame."""
 
 
-def encode(header: dict[str, Any], blobs: list[bytes] | None = None) -> bytes:
+def encode(header: dict[str, Any], blobs: list[bytes] | None = None, fds: int = 0) -> bytes:
+    """One frame; ``fds``: how many file descriptors are sent with it (``sendmsg``'s ancillary data)."""
     blobs = blobs or []
+    if fds:
+        header = {**header, "_fds": fds}
     head = json.dumps({**header, "_blobs": [len(b) for b in blobs]}, separators=(",", ":")).encode()
     payload_len = _U32.size + len(head) + sum(len(b) for b in blobs)
     return b"".join([_U32.pack(payload_len), _U32.pack(len(head)), head, *blobs])
@@ -71,3 +79,51 @@ def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], list[bytes]]:
     if length > MAX_FRAME:
         raise ProtocolError(f"frame of {length} bytes is too large")
     return decode(_recv_exactly(sock, length))
+
+
+class FrameBuffer:
+    """Frames read in chunks, with the file descriptors that came with them. A frame whose header says
+    ``"_fds": n`` takes the next ``n`` descriptors received, in order: the kernel delivers a descriptor with the bytes
+    of the ``sendmsg`` that sent it, so no later than the first byte of its frame. Descriptors nobody took are closed
+    by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._fds: deque[int] = deque()
+
+    def feed(self, data: bytes, fds: Iterable[int] = ()) -> None:
+        self._data += data
+        self._fds.extend(fds)
+
+    def next_frame(self) -> tuple[dict[str, Any], list[bytes], list[int]] | None:
+        """The next whole frame (header, blobs, descriptors), or None until more bytes come."""
+        if len(self._data) < _U32.size:
+            return None
+        (length,) = _U32.unpack_from(self._data, 0)
+        if length > MAX_FRAME:
+            raise ProtocolError(f"frame of {length} bytes is too large")
+        end = _U32.size + length
+        if len(self._data) < end:
+            return None
+        payload = bytes(self._data[_U32.size : end])
+        del self._data[:end]
+        header, blobs = decode(payload)
+        count = header.pop("_fds", 0)
+        if not isinstance(count, int) or count < 0 or count > len(self._fds):
+            raise ProtocolError(f"frame says it carries {count!r} file descriptors, {len(self._fds)} came")
+        return header, blobs, [self._fds.popleft() for _ in range(count)]
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.popleft())
+
+
+def recv_chunk(sock: socket.socket, size: int = 1 << 16) -> tuple[bytes, list[int]]:
+    """Whatever the socket has (b"" at EOF), with the descriptors that came with it; raises BlockingIOError on a
+    non-blocking socket with nothing to read."""
+    data, fds, flags, _ = socket.recv_fds(sock, size, 16)
+    if flags & socket.MSG_CTRUNC:
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError("more file descriptors came with a frame than one reads at once")
+    return data, list(fds)
