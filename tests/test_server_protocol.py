@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from servetune.api.types import InferRequest
 from servetune.server.batcher import Batcher, Job, QueueFull
-from servetune.server.protocol import ProtocolError, decode, encode, read_frame, recv_frame
+from servetune.server.protocol import FrameBuffer, ProtocolError, decode, encode, read_frame, recv_chunk, recv_frame
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=5)
 
@@ -115,3 +116,47 @@ def test_batcher_validates_arguments(kwargs: dict[str, float]) -> None:
     args = {"batch_size": 1, "max_delay_s": 0.0, "capacity": 1, **kwargs}
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         Batcher(int(args["batch_size"]), float(args["max_delay_s"]), int(args["capacity"]))
+
+
+def test_frames_carry_their_own_file_descriptors_whatever_the_chunks() -> None:
+    """Descriptors sent with frames (SCM_RIGHTS) come out with the frame each was sent with, though the reader's
+    chunks cut across frames; what nobody took is closed."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pipes = [os.pipe() for _ in range(3)]
+    try:
+        frames = [encode({"n": 0}, [b"x" * 70_000], fds=1), encode({"n": 1}), encode({"n": 2}, fds=2)]
+        socket.send_fds(ours, [frames[0]], [pipes[0][1]])
+        ours.sendall(frames[1])
+        socket.send_fds(ours, [frames[2]], [pipes[1][1], pipes[2][1]])
+        buffer, got = FrameBuffer(), []
+        while len(got) < 3:
+            data, fds = recv_chunk(theirs, 4096)  # small chunks: a frame's bytes and its descriptors arrive apart
+            buffer.feed(data, fds)
+            while (frame := buffer.next_frame()) is not None:
+                got.append(frame)
+        assert [(h["n"], [len(b) for b in blobs], len(fds)) for h, blobs, fds in got] == [
+            (0, [70_000], 1), (1, [], 0), (2, [], 2)
+        ]
+        received = [fd for _, _, fds in got for fd in fds]
+        for fd, (read_end, _) in zip(received, pipes, strict=True):  # each one is the pipe it was sent as
+            os.write(fd, b"!")
+            assert os.read(read_end, 1) == b"!"
+            os.close(fd)
+        spare = os.dup(pipes[0][0])
+        buffer.feed(b"", [spare])
+        buffer.close()  # a descriptor no frame took is closed
+        with pytest.raises(OSError):
+            os.fstat(spare)
+    finally:
+        ours.close()
+        theirs.close()
+        for read_end, write_end in pipes:
+            os.close(read_end)
+            os.close(write_end)
+
+
+def test_a_frame_that_claims_more_descriptors_than_came_is_refused() -> None:
+    buffer = FrameBuffer()
+    buffer.feed(encode({"n": 0}, fds=1), [])
+    with pytest.raises(ProtocolError, match="carries 1 file descriptors, 0 came"):
+        buffer.next_frame()
