@@ -40,9 +40,14 @@ FORK_TIMEOUT_S = 30.0  # a fork and its answer take milliseconds; past this the 
 PARENT_DEATHS = 3  # a model whose parent died this often starts its workers without one
 
 
-def fork_key(spec: WorkerSpec) -> dict[str, Any]:
-    """What a parent loaded: the spec without what each worker sets for itself after the fork."""
-    return replace(spec, gpu_id=None, num_threads=0, inter_op_threads=0, cpu_cores=()).to_json()
+def fork_key(spec: WorkerSpec, level: str) -> dict[str, Any]:
+    """What a parent preloaded at ``level``: the spec without what each worker sets for itself after the fork (and,
+    for a parent that only imported the handler, without what only loading the model reads: a batch size changed in
+    place does not make it stale)."""
+    own = replace(spec, gpu_id=None, num_threads=0, inter_op_threads=0, cpu_cores=())
+    if level == "imports":
+        return {"model_name": own.model_name, "model_dir": own.model_dir, "manifest": own.manifest}
+    return own.to_json()
 
 
 def parent_environment(env: dict[str, str]) -> dict[str, str]:
@@ -59,7 +64,7 @@ class ModelParent:
         self.spec = spec
         self.level = level
         self.env = parent_environment(env)
-        self.key = fork_key(spec)
+        self.key = fork_key(spec, level)
         self.pid: int | None = None
         self.preloaded: Preloaded | None = None
         self.gone = asyncio.Event()  # its socket closed: it forks no more workers
@@ -360,7 +365,12 @@ class Forking:
                 if parent is not None and not parent.alive:  # it died since the last start (killed, crashed)
                     await self.lost(parent, ParentUnavailable(f"the model's parent process (pid {parent.pid}) died"))
                     continue
-                if parent is not None and parent.key == fork_key(spec) and parent.level == level:
+                if (
+                    parent is not None
+                    and level is not None
+                    and parent.level == level
+                    and parent.key == fork_key(spec, level)
+                ):
                     return parent
                 await self.close()
                 if level is None:
