@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -13,7 +14,16 @@ from hypothesis import strategies as st
 
 from servetune.api.types import InferRequest
 from servetune.server.batcher import Batcher, Job, QueueFull
-from servetune.server.protocol import FrameBuffer, ProtocolError, decode, encode, read_frame, recv_chunk, recv_frame
+from servetune.server.protocol import (
+    FrameBuffer,
+    ProtocolError,
+    SocketFrames,
+    decode,
+    encode,
+    read_frame,
+    recv_chunk,
+    recv_frame,
+)
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=5)
 
@@ -32,6 +42,31 @@ def test_frames_over_a_socket_pair() -> None:
         a.close()
         with pytest.raises(EOFError):
             recv_frame(b)
+
+
+def test_a_worker_reads_frames_of_any_size_however_they_arrive() -> None:
+    """Several small frames in one recv, a frame cut anywhere, frames larger than what one recv asks for, values
+    orjson refuses (written and read by json instead)."""
+    sent = [
+        ({"type": "predict", "n": 0}, [b"a"]),
+        ({"type": "predict", "n": 1}, [b"b" * 200_000, b""]),
+        ({"big": 2**70, "text": "\ud800"}, []),
+        ({"type": "predict", "n": 3}, [b"c" * 65_530]),
+        ({"type": "predict", "n": 4}, []),
+    ]
+    stream = b"".join(encode(header, blobs) for header, blobs in sent)
+    a, b = socket.socketpair()
+    with a, b:
+        frames = SocketFrames(b)
+        for cut in (0, 3, 9, 70_000, 200_100, len(stream) - 1):  # sent in two parts, cut here
+            parts = (stream[:cut], stream[cut:])
+            sender = threading.Thread(target=lambda parts=parts: [a.sendall(part) for part in parts])
+            sender.start()
+            assert [frames.next() for _ in sent] == sent
+            sender.join()
+        a.close()
+        with pytest.raises(EOFError):
+            frames.next()
 
 
 def test_corrupt_frame_is_refused() -> None:

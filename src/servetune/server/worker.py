@@ -23,7 +23,7 @@ import traceback
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, prepare_cpu, start_service
 from servetune.server.messages import Answer, Load, LoadError, Partial, Predict, Ready, Result, decode_message
-from servetune.server.protocol import ProtocolError, recv_frame
+from servetune.server.protocol import ProtocolError, SocketFrames
 from servetune.startup import CLOCK
 
 
@@ -47,7 +47,7 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
+def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: WorkerSpec) -> None:
     applied = (spec.num_threads, spec.cpu_cores)
     cpu = cpu_settings()
     sending = threading.Lock()  # a handler may send intermediate answers from threads of its own
@@ -62,7 +62,7 @@ def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
     service.context.partial_sink = partial
     while True:
         try:
-            message = decode_message(*recv_frame(sock))
+            message = decode_message(*frames.next())
         except EOFError:
             return
         if not isinstance(message, Predict):
@@ -113,8 +113,9 @@ def _run(
     sock: socket.socket, preloaded: Service | None, interpreter_ms: float, imports_ms: float, *, forked: bool = False
 ) -> int:
     """Take the ``Load``, load the model (or adopt the one the parent loaded), answer ``Ready``, serve."""
+    frames = SocketFrames(sock)
     try:
-        frame = recv_frame(sock)
+        frame = frames.next()
     except EOFError:
         return 1  # the frontend gave up on this worker before it sent the spec
     start = time.perf_counter()
@@ -137,7 +138,7 @@ def _run(
         return 1
     load_ms = (time.perf_counter() - start) * 1000.0
     sock.sendall(Ready(os.getpid(), load_ms, cpu_settings(), interpreter_ms, imports_ms).encode())
-    _serve(sock, service, spec)
+    _serve(sock, frames, service, spec)
     return 0
 
 
