@@ -67,22 +67,33 @@ def file_of(frame: str) -> str:
 # headers. Order matters only within one frame.
 CONCERNS = [
     ("thread count per batch (psutil /sys glob)", ("hardware.py", "worker_threads", "psutil/")),
-    ("metrics (prometheus_client, servetune metrics)", ("prometheus_client/", "servetune/server/metrics.py")),
-    ("worker framing (protocol.py, JSON)", ("servetune/server/protocol.py",)),
+    ("metrics (prometheus_client, servetune metrics)", ("prometheus_client/", "servetune/api/metrics.py")),
+    ("handler metrics (worker: context.metrics)", ("servetune/handlers/metrics.py",)),
+    (
+        "worker framing (protocol.py, messages.py, JSON)",
+        ("servetune/server/protocol.py", "servetune/server/messages.py", "orjson", "json/"),
+    ),
     ("worker pipe (process.py, asyncio streams)", ("servetune/server/process.py", "asyncio/streams.py")),
     ("batcher and dispatch (batcher.py, model.py)", ("servetune/server/batcher.py", "servetune/server/model.py")),
     ("request id (uuid4)", ("uuid.py",)),
     ("request headers (starlette Headers, dict copy)", ("starlette/datastructures.py",)),
-    ("response object and headers (starlette Response)", ("starlette/responses.py", "servetune/server/http.py")),
+    (
+        "response object and headers (starlette Response, timing headers)",
+        ("starlette/responses.py", "servetune/api/http.py", "servetune/api/answers.py"),
+    ),
     ("body read (request.stream)", ("read_body", "starlette/requests.py")),
     ("multipart/form parsing", ("multipart", "starlette/formparsers.py", "parse_inputs")),
     (
         "Starlette routing and middleware",
         ("starlette/", "uvicorn/middleware/"),
     ),
-    ("HTTP parse/serialise (uvicorn httptools, keep-alive)", ("uvicorn/protocols/", "servetune/api/keepalive.py")),
+    (
+        "HTTP parse/serialise (uvicorn httptools, keep-alive, one write)",
+        ("uvicorn/protocols/", "servetune/api/keepalive.py", "servetune/api/onewrite.py"),
+    ),
     ("socket reads/writes (asyncio transport)", ("asyncio/selector_events.py",)),
-    ("predictions endpoint (inference.py)", ("servetune/server/inference.py",)),
+    ("predictions endpoint (inference.py, body.py)", ("servetune/api/inference.py", "servetune/api/body.py")),
+    ("worker handler contract (service.py, envelopes)", ("servetune/handlers/",)),
     ("event loop, tasks, futures (asyncio)", ("asyncio/", "selectors.py", "_weakrefset.py", "contextvars")),
 ]
 
@@ -155,7 +166,7 @@ def main() -> None:
         with EmbeddedServer(store, {"noop": "noop.mar"}, properties) as server:
             assert server.proc is not None
             frontend = psutil.Process(server.proc.pid)
-            worker = frontend.children()[0]
+            [worker] = [p for p in frontend.children(recursive=True) if "servetune.server.worker" in p.cmdline()]
             url = f"{server.inference_url}/predictions/noop"
             ab = ["ab", "-k", "-c", str(args.concurrency), "-t", f"{args.seconds + 5:g}", "-n", "100000000"]
             ab += ["-p", str(body), "-T", "application/octet-stream", url]
