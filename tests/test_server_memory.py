@@ -265,3 +265,27 @@ def test_workers_outlive_a_killed_parent_and_the_next_worker_gets_a_new_one(
     assert "servetune.server.forkserver" in psutil.Process(new_parent).cmdline()
     answered_by(server, "noop", {new["pid"]})
     assert call("GET", f"{server.inference_url}/ping").status == 200
+
+
+def test_a_stale_parent_is_replaced_and_stops_once_its_last_worker_has_exited(
+    served: tuple[EmbeddedServer, float],
+) -> None:
+    """A batch size changed in place makes the parent's loaded model stale: the next worker gets a new parent, and the
+    old one stays (its worker would otherwise be orphaned) until that worker exits."""
+    server, _ = served
+    management = f"{server.management_url}/models/noop"
+    [old] = workers(server, "noop")
+    old_parent = psutil.Process(old["pid"]).ppid()
+    watched = psutil.Process(old_parent)
+    assert call("PUT", f"{management}?batch_size=4").status == 200
+    assert call("PUT", f"{management}?min_worker=2&synchronous=true").status == 200
+    [new] = [w for w in workers(server, "noop") if w["pid"] != old["pid"]]
+    new_parent = psutil.Process(new["pid"]).ppid()
+    assert new_parent != old_parent and watched.is_running()
+    text = call("GET", f"{server.metrics_url}/metrics").body.decode()
+    assert f'model_name="noop",model_version="1.0",worker_id="parent-{old_parent}"' in text
+    os.kill(old["pid"], signal.SIGKILL)
+    [replaced] = [w for w in wait_for_workers(server, "noop", {old["pid"]}) if w["pid"] != new["pid"]]
+    assert psutil.Process(replaced["pid"]).ppid() == new_parent
+    gone, _ = psutil.wait_procs([watched], timeout=10)
+    assert gone, "the old parent outlived its last worker"

@@ -53,10 +53,9 @@ class NativeBackend:
             if w.pid > 0
         ]
         for m in self.registry.all():
-            parent = m.pool.forking.parent
-            if parent is not None and parent.alive:
+            for name, parent in m.pool.forking.parents():
                 rss, pss = parent.memory()
-                rows.append((m.name, m.version, "parent", rss, pss))
+                rows.append((m.name, m.version, name, rss, pss))
         return rows
 
     def open(self) -> None:

@@ -69,6 +69,9 @@ class ModelParent:
         self.preloaded: Preloaded | None = None
         self.gone = asyncio.Event()  # its socket closed: it forks no more workers
         self.failed = False  # counted as a failure of the model's parents (``Forking.lost``)
+        self.retiring = False  # forks no more; stops once its workers have exited
+        self._children: set[int] = set()  # the workers it forked that have not exited
+        self._stopping: asyncio.Task[None] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaped = asyncio.Event()
         self._sock: socket.socket | None = None
@@ -156,6 +159,17 @@ class ModelParent:
                 self._proc.kill()
             await self._reaped.wait()
 
+    def retire(self) -> None:
+        """Fork no more, and stop once the workers it forked have exited: stopped now, it would orphan them (their
+        exit codes lost, and nobody to reap them where the frontend is the PID 1 of a container)."""
+        self.retiring = True
+        if not self._children:
+            self._stop_soon()
+
+    def _stop_soon(self) -> None:
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_task(self.stop(), name=f"parent-{self.pid}-stop")
+
     async def wait_reaped(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._reaped.wait(), timeout)
@@ -176,8 +190,8 @@ class ModelParent:
     async def fork(self, sock: socket.socket) -> tuple[int, int]:
         """Fork a worker whose end of its socket pair is ``sock``: (its pid, a pidfd of it, which the caller owns).
         Raises ParentUnavailable when the parent is gone or cannot fork (the caller spawns the worker instead)."""
-        if not self.alive:
-            raise ParentUnavailable(f"the model's parent process (pid {self.pid}) is gone")
+        if not self.alive or self.retiring:
+            raise ParentUnavailable(f"the model's parent process (pid {self.pid}) is gone or retiring")
         self._seq += 1
         seq = self._seq
         forked: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
@@ -272,6 +286,7 @@ class ModelParent:
                 return
             [pidfd] = fds
             self._exits[message.pid] = asyncio.get_running_loop().create_future()
+            self._children.add(message.pid)
             if waiter is None or waiter.done():  # nobody waits for this worker any more (a cancelled start)
                 with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
@@ -282,6 +297,9 @@ class ModelParent:
             future = self._exits.setdefault(message.pid, asyncio.get_running_loop().create_future())
             if not future.done():
                 future.set_result(message.returncode)
+            self._children.discard(message.pid)
+            if self.retiring and not self._children:
+                self._stop_soon()
         elif isinstance(message, Preloaded | LoadError):
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(message)
@@ -332,6 +350,7 @@ class Forking:
         self._deaths = 0
         self._lock = asyncio.Lock()
         self._starting: ModelParent | None = None
+        self._retired: set[ModelParent] = set()  # replaced, waiting for their workers to exit
         self._closed = False  # the model is unregistered: no parent any more
         self._pidfds = pidfd_supported()
 
@@ -372,7 +391,7 @@ class Forking:
                     and parent.key == fork_key(spec, level)
                 ):
                     return parent
-                await self.close()
+                self._retire_parent()  # stale (what it loaded changed) or no longer wanted
                 if level is None:
                     return None
                 parent = self._starting = ModelParent(self.model_name, spec, level, env)
@@ -405,8 +424,9 @@ class Forking:
             return
         parent.failed = True
         if parent is self.parent:
-            self.parent = None
-        await parent.stop(0.0)
+            self._retire_parent()  # alive but unable to fork: it goes once its workers have
+        else:
+            await parent.stop(0.0)
         self._deaths += 1
         if self._deaths >= PARENT_DEATHS:
             self.disabled = f"its parent process failed {self._deaths} times, the last: {exc}"
@@ -414,15 +434,29 @@ class Forking:
         else:
             log.warning("model %s: its parent process failed: %s", self.model_name, exc)
 
-    async def close(self, final: bool = False) -> None:
-        """Stop the parent (the model has no worker any more; ``final``: it is unregistered, and a parent starting
-        now is stopped too); its workers are not touched."""
-        self._closed = self._closed or final
+    def _retire_parent(self) -> None:
         parent, self.parent = self.parent, None
+        self._retired = {p for p in self._retired if not p.gone.is_set()}  # those that stopped by themselves
+        if parent is not None:
+            self._retired.add(parent)
+            parent.retire()
+
+    def parents(self) -> list[tuple[str, ModelParent]]:
+        """The running parents with a name for each: ``parent`` (the one workers fork from), ``parent-PID`` (replaced,
+        until its last worker exits)."""
+        named = [("parent", self.parent)] if self.parent is not None and self.parent.alive else []
+        return named + [(f"parent-{p.pid}", p) for p in self._retired if p.alive]
+
+    async def close(self, final: bool = False) -> None:
+        """Stop the parents: the model has no worker any more (scaled to 0), or (``final``) it is unregistered, and a
+        parent starting now is stopped too."""
+        self._closed = self._closed or final
+        parents = {p for p in (self.parent, *self._retired) if p is not None}
+        self.parent = None
+        self._retired.clear()
         if final and self._starting is not None:
             await self._starting.stop(0.0)  # its start raises; the worker start that waits for it finds the pool closed
-        if parent is not None:
-            await parent.stop()
+        await asyncio.gather(*(p.stop() for p in parents))
 
 
 __all__ = ["FORK_TIMEOUT_S", "Forking", "ModelParent", "fork_key", "parent_environment"]
