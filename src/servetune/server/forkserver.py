@@ -211,7 +211,9 @@ def main(argv: list[str]) -> int:
     keep = {fd for fd in before if fd > 2 and fd not in (ctl.fileno(), frontend)} | {0, 1, 2}
     try:
         return _serve(ctl, frames, frontend, keep, preloaded)
-    except (OSError, ProtocolError) as exc:  # the frontend went away mid-message, or sent garbage
+    except (BrokenPipeError, ConnectionResetError):
+        return 0  # the frontend closed the socket while a report went out: it stopped this parent
+    except (OSError, ProtocolError) as exc:  # the frontend sent garbage, or the system refused something
         print(f"servetune model parent {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
