@@ -25,11 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from servetune.bench import BenchSpec, run_bench
-from servetune.bench.async_engine import _EARLY_MAX, _EARLY_MIN, arrivals
 from servetune.bench.recording import LATE_MS
+from servetune.bench.schedule import Schedule
+from servetune.bench.ticker import Pacer
 
 _RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\nConnection: keep-alive\r\n\r\nOK"
 
@@ -70,6 +73,30 @@ def serve(port: int) -> None:
     asyncio.run(main())
 
 
+async def scheduled(rate: float, seconds: float, start: Callable[[float], Coroutine[Any, Any, None]]) -> list[Any]:
+    """The engine's open-loop scheduler (a precise clock calls back when a send is due; every due send is started):
+    ``start(intended)`` for each send of ``rate`` req/s over ``seconds``; returns the tasks."""
+    clock = time.perf_counter
+    offsets = Schedule.steady(rate, seconds=seconds).offsets_s.tolist()
+    tasks = []
+    t0 = clock() + 0.002
+    cursor = 0
+
+    def fire(now: float) -> float | None:
+        nonlocal cursor
+        while cursor < len(offsets) and t0 + offsets[cursor] <= now:
+            tasks.append(asyncio.ensure_future(start(t0 + offsets[cursor])))
+            cursor += 1
+        return t0 + offsets[cursor] if cursor < len(offsets) else None
+
+    pacer = Pacer()
+    try:
+        await pacer.run(t0, fire)
+    finally:
+        pacer.close()
+    return tasks
+
+
 def bare_scheduler(rate: float, seconds: float) -> tuple[int, int]:
     """The open loop's timer loop with empty tasks: (late sends, sends) on this machine, at this rate."""
     loop = _new_loop()
@@ -77,24 +104,14 @@ def bare_scheduler(rate: float, seconds: float) -> tuple[int, int]:
 
     async def main() -> int:
         clock = time.perf_counter
-        t0 = previous = clock() + 0.002
-        sent = 0
 
         async def task(intended: float) -> None:
             nonlocal late
             late += clock() - intended > LATE_MS / 1e3
 
-        for offset in arrivals(rate, "constant"):
-            if offset >= seconds:
-                break
-            intended = t0 + offset
-            early = min(_EARLY_MAX, max(_EARLY_MIN, (intended - previous) / 4))
-            previous = intended
-            await asyncio.sleep(max(0.0, intended - early - clock()))
-            asyncio.get_running_loop().create_task(task(intended))
-            sent += 1
-        await asyncio.sleep(0.01)
-        return sent
+        tasks = await scheduled(rate, seconds, task)
+        await asyncio.gather(*tasks)
+        return len(tasks)
 
     try:
         sent = loop.run_until_complete(main())
@@ -168,17 +185,7 @@ async def _aiohttp_run(url: str, body: bytes, seconds: float, concurrency: int, 
 
             await asyncio.gather(*(client() for _ in range(concurrency)))
             return sent, 0
-        tasks = []
-        t0 = previous = clock() + 0.002
-        for offset in arrivals(rate, "constant"):
-            if offset >= seconds:
-                break
-            intended = t0 + offset
-            early = min(_EARLY_MAX, max(_EARLY_MIN, (intended - previous) / 4))
-            previous = intended
-            await asyncio.sleep(max(0.0, intended - early - clock()))
-            tasks.append(asyncio.ensure_future(one(intended)))
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*await scheduled(rate, seconds, one))
     return sent, late
 
 

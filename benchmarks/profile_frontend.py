@@ -78,8 +78,8 @@ CONCERNS = [
     ("request id (uuid4)", ("uuid.py",)),
     ("request headers (starlette Headers, dict copy)", ("starlette/datastructures.py",)),
     (
-        "response object and headers (starlette Response, timing headers)",
-        ("starlette/responses.py", "servetune/api/http.py", "servetune/api/answers.py"),
+        "response object and headers (starlette Response, timing headers, one write)",
+        ("starlette/responses.py", "answer_response", "servetune/api/onewrite.py"),
     ),
     ("body read (request.stream)", ("read_body", "starlette/requests.py")),
     ("multipart/form parsing", ("multipart", "starlette/formparsers.py", "parse_inputs")),
@@ -88,11 +88,14 @@ CONCERNS = [
         ("starlette/", "uvicorn/middleware/"),
     ),
     (
-        "HTTP parse/serialise (uvicorn httptools, keep-alive, one write)",
-        ("uvicorn/protocols/", "servetune/api/keepalive.py", "servetune/api/onewrite.py"),
+        "HTTP parse/serialise (uvicorn httptools, keep-alive, head limits)",
+        ("uvicorn/protocols/", "servetune/api/keepalive.py", "servetune/api/http_guard.py"),
     ),
     ("socket reads/writes (asyncio transport)", ("asyncio/selector_events.py",)),
-    ("predictions endpoint (inference.py, body.py)", ("servetune/api/inference.py", "servetune/api/body.py")),
+    (
+        "predictions endpoint and gateway (torchserve_rest.py, rest.py, gateway.py)",
+        ("servetune/api/torchserve_rest.py", "servetune/api/rest.py", "servetune/api/gateway.py"),
+    ),
     ("worker handler contract (service.py, envelopes)", ("servetune/handlers/",)),
     ("event loop, tasks, futures (asyncio)", ("asyncio/", "selectors.py", "_weakrefset.py", "contextvars")),
 ]

@@ -39,8 +39,12 @@ openjdk-17-jre-headless at /usr/bin/java, found on PATH since JAVA_HOME is unset
 
 servetune runs through servetune.embedded.EmbeddedServer with the same ``models=`` JSON, ``job_queue_size`` and
 threads. Both servers of a case run side by side; the idle one's CPU during the other's runs is reported.
-Runs alternate A B, B A, A B, ... per engine, so drift in the machine's load hits both; figures are medians over
-the repeats, ratios are servetune/TorchServe of the medians, with the min-max of the per-pair ratios.
+Runs alternate A B, B A, A B, ... per engine, so drift in the machine's load hits both. Each run records the CPU
+that processes other than the two servers and the client used meanwhile (a pair where they used 0.25 of a core or
+more is contended). The table gives medians over the repeats and the ratio of the medians; below it, each figure
+with a target as mean, median and tail (the worst pair) of the per-pair ratios, and a verdict that is "no verdict"
+when the pairs disagree about the target (contended pairs left out when two clean ones remain:
+``servetune.bench.repeats``).
 
 Targets: no-op req/s at c=16 >= 1.5x TorchServe; servetune's frontend overhead at c=1 (client latency minus the
 handler time in ``X-Servetune-Handler-Ms``, async engine) < 0.5 ms median; resnet18 req/s >= 1.05x TorchServe.
@@ -78,6 +82,9 @@ sys.path.insert(0, str(ROOT / "examples" / "resnet18"))
 from make_archive import sample_image  # noqa: E402
 
 from servetune.bench import BenchResult, BenchSpec, run_bench  # noqa: E402
+from servetune.bench.host import CONTENDED_CORES  # noqa: E402
+from servetune.bench.repeats import spread as spread_of  # noqa: E402
+from servetune.bench.repeats import verdict as verdict_of  # noqa: E402
 from servetune.embedded import EmbeddedServer  # noqa: E402
 
 NOOP_HANDLER = '''
@@ -450,12 +457,20 @@ def overhead_ms(result: BenchResult) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
-
-
 def spread(values: list[float]) -> str:
     return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def contended(*runs: Run) -> bool:
+    return any(r.others_cores >= CONTENDED_CORES for r in runs)
+
+
+def target_line(label: str, values: list[float], flags: list[bool], target: float, higher: bool = True) -> str:
+    sign = ">=" if higher else "<"
+    return (
+        f"  {label}: {spread_of(values, higher).describe(2)}; {sum(flags)} of {len(values)} contended; "
+        f"target {sign} {target:g}: {verdict_of(values, target, higher_is_better=higher, contended=flags)}"
+    )
 
 
 def median_of(runs: list[Run], key: Callable[[Run], float]) -> float:
@@ -473,7 +488,7 @@ def report(runs: dict[tuple[str, str, str], list[Run]], cases: list[Case], engin
     )
     print(head)
     print("-" * len(head))
-    ratios: dict[tuple[str, str], float] = {}
+    ratios: dict[tuple[str, str], tuple[list[float], list[bool]]] = {}
     for case in cases:
         for engine in engines:
             st, ts = runs[(case.name, engine, "servetune")], runs[(case.name, engine, "torchserve")]
@@ -486,7 +501,7 @@ def report(runs: dict[tuple[str, str, str], list[Run]], cases: list[Case], engin
             front = [median_of(rs, lambda r: r.frontend_cpu_s / max(1, r.result.succeeded) * 1e6) for rs in (st, ts)]
             client = [median_of(rs, lambda r: r.result.client.cpu_percent) for rs in (st, ts)]
             others = max(r.others_cores for r in (*st, *ts))
-            ratios[(case.name, engine)] = rps[0] / rps[1]
+            ratios[(case.name, engine)] = (pairs, [contended(a, b) for a, b in zip(st, ts, strict=True)])
             print(
                 f"{case.name:<9} {engine:<6} {rps[0]:15.1f} {rps[1]:16.1f} {rps[0] / rps[1]:6.2f} {spread(pairs):>10}  "
                 f"{p50[0]:6.2f}/{p50[1]:<6.2f} {p99[0]:7.2f}/{p99[1]:<7.2f}  "
@@ -495,27 +510,25 @@ def report(runs: dict[tuple[str, str, str], list[Run]], cases: list[Case], engin
     idle = [r.idle_other_cpu_s for rs in runs.values() for r in rs]
     if idle:
         print(f"\nCPU used by the idle server during the other's runs: at most {max(idle):.2f} s per run")
-    print("\ntargets:")
+    print("\ntargets (per-pair servetune/TorchServe ratios; no verdict when the pairs disagree):")
     for engine in engines:
         if ("noop-c16", engine) in ratios:
-            r = ratios[("noop-c16", engine)]
-            print(f"  no-op c=16 req/s, {engine:<5}: {r:.2f}x TorchServe (target >= 1.5)  {verdict(r >= 1.5)}")
+            values, flags = ratios[("noop-c16", engine)]
+            print(target_line(f"no-op c=16 req/s, {engine}, x TorchServe", values, flags, 1.5))
     c1 = runs.get(("noop-c1", "async", "servetune"), [])
     if c1:
         per_run = [overhead_ms(r.result) for r in c1]
-        med = statistics.median(per_run)
-        print(
-            f"  servetune frontend overhead at c=1 (latency - X-Servetune-Handler-Ms, async): median {med:.3f} ms"
-            f" (runs {spread(per_run)}) (target < 0.5)  {verdict(med < 0.5)}"
-        )
+        flags = [contended(r) for r in c1]
+        label = "servetune frontend overhead at c=1 (latency - X-Servetune-Handler-Ms, async), ms"
+        print(target_line(label, per_run, flags, 0.5, higher=False))
         ts_c1 = runs.get(("noop-c1", "async", "torchserve"), [])
         if ts_c1:
             ts_p50 = median_of(ts_c1, lambda r: r.result.latency.p50_ms if r.result.latency else nan)
             print(f"    (TorchServe reports no handler time; its c=1 p50 latency, no-op handler: {ts_p50:.3f} ms)")
     for engine in engines:
         if ("resnet18", engine) in ratios:
-            r = ratios[("resnet18", engine)]
-            print(f"  resnet18 req/s, {engine:<5}: {r:.2f}x TorchServe (target >= 1.05)  {verdict(r >= 1.05)}")
+            values, flags = ratios[("resnet18", engine)]
+            print(target_line(f"resnet18 req/s, {engine}, x TorchServe", values, flags, 1.05))
 
 
 def main() -> None:

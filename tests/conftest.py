@@ -56,6 +56,19 @@ class RunningServer(EmbeddedServer):
         return code
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _variant_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Variants built by tests (and by the servers they start, which inherit the environment) are cached in the
+    session's own directory, never in the user's ``~/.cache/servetune/variants``."""
+    before = os.environ.get("SERVETUNE_VARIANT_CACHE")
+    os.environ["SERVETUNE_VARIANT_CACHE"] = str(tmp_path_factory.mktemp("variant-cache"))
+    yield
+    if before is None:
+        os.environ.pop("SERVETUNE_VARIANT_CACHE", None)
+    else:
+        os.environ["SERVETUNE_VARIANT_CACHE"] = before
+
+
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
     """Start ``servetune serve`` on ephemeral ports: ``start_server(model_store=..., models={...}, properties={...})``.
@@ -91,18 +104,20 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
 # so that two never run at once on two cores.
 LONGEST_FIRST = [
     "test_tune_ray.py",  # Ray
-    "test_tune_e2e.py",
+    "test_pt2.py",
+    "test_animated_drawings.py",
     "test_api_backends.py",  # Ray
-    "test_tune_app_e2e.py",
+    "test_tune_e2e.py",
     "test_api_readiness.py",  # Ray
-    "test_server_faults.py",
-    "test_ray_serve.py",  # Ray
-    "test_server_fuzz.py",
-    "test_api_kserve.py",  # Ray
-    "test_server_management.py",
-    "test_grpc_api.py",  # Ray
     "test_tune_protocols.py",
+    "test_ray_serve.py",  # Ray
+    "test_tune_app_e2e.py",
+    "test_server_management.py",
+    "test_server_faults.py",
+    "test_api_kserve.py",
+    "test_server_fuzz.py",
     "test_bench_async_engine.py",
+    "test_optimize_variants.py",
 ]
 RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}
 

@@ -11,13 +11,17 @@ import yaml
 from servetune.archive import create_archive
 
 # A handler whose cost is known: it sleeps batch_ms + item_ms * len(batch) per batch (model-config.yaml
-# key ``sleep``), and obeys control bodies so that tests can provoke faults on purpose.
+# key ``sleep``), and obeys control bodies so that tests can provoke faults on purpose ("stream:N" sends N intermediate
+# answers first). It declares its OIP metadata (``model_metadata``).
 SLEEP_HANDLER = textwrap.dedent(
     """
     import json
     import os
     import sys
     import time
+
+    def model_metadata():
+        return {"platform": "python_sleep", "inputs": [{"name": "body", "datatype": "BYTES", "shape": [-1]}]}
 
     def handle(data, context):
         if data is None:
@@ -49,6 +53,11 @@ SLEEP_HANDLER = textwrap.dedent(
                 raise ValueError("boom requested")
             if isinstance(body, (bytes, bytearray)) and body.startswith(b"sleep:"):
                 time.sleep(float(body[6:]))
+            if isinstance(body, (bytes, bytearray)) and body.startswith(b"stream:"):
+                from ts.handler_utils.utils import send_intermediate_predict_response
+
+                for i in range(int(body[7:])):
+                    send_intermediate_predict_response([f"part {i}"], context.request_ids, "Intermediate", 200, context)
         time.sleep((float(cfg.get("batch_ms", 0.0)) + float(cfg.get("item_ms", 0.0)) * len(data)) / 1000.0)
         out = []
         for body in bodies:

@@ -1,8 +1,10 @@
 """One API, two backends: the same inference, management and metrics behaviour, checked on the native server and on
-Ray Serve (a private local Ray instance; skipped where Ray is not installed).
+Ray Serve (a private local Ray instance; skipped where Ray is not installed). The smoke suite of each backend: every
+protocol (TorchServe's REST and gRPC, KServe v1, OIP v2 over REST and gRPC, gRPC health) reaches a model on it; each
+protocol's details are tested in process (test_api_kserve.py, test_grpc_api.py).
 
-Each backend serves the same archives: ``sleep`` (batch 4, delay 150 ms, 30 ms a batch; versions 1.0 and 2.0),
-``slow`` (responseTimeout 1 s), ``narrow`` (a queue of one request, 400 ms a batch).
+Each backend serves the same archives: ``sleep`` (batch 4, delay 150 ms, 30 ms a batch; versions 1.0 and 2.0; OIP
+metadata from its handler), ``slow`` (responseTimeout 1 s), ``narrow`` (a queue of one request, 400 ms a batch).
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from backends import BACKENDS, backend_server
 from http_client import Reply, burst, call, wait_for
 from models import sleep_archive
 from servetune.embedded import EmbeddedServer
+from servetune.protos import HEALTH, OIP, TORCHSERVE_INFERENCE, methods
 
 
 class Api:
@@ -215,3 +220,61 @@ def test_metrics_count_every_request(api: Api) -> None:
     wait_for(lambda: api.counter("ts_inference_requests_total", "sleep") >= before + 5, 15, "the counter")
     assert api.counter("servetune_request_latency_seconds_count", "sleep") >= 5
     assert api.counter("servetune_batch_size_count", "sleep") >= 5
+
+
+# ---- every protocol reaches the model on this backend --------------------------------------------------------------
+
+JSON = {"Content-Type": "application/json"}
+SLEEP_METADATA = {"platform": "python_sleep", "inputs": [{"name": "body", "datatype": "BYTES", "shape": [-1]}]}
+
+
+def test_kserve_v1_and_oip_v2_rest_reach_the_model(api: Api) -> None:
+    before = api.counter("ts_inference_requests_total", "sleep")
+    v1 = call("POST", f"{api.inference}/v1/models/sleep:predict", b'{"instances": [{"data": "v1"}]}', JSON)
+    assert v1.status == 200 and v1.json()["predictions"][0]["echo"] == "v1", v1.body
+    assert call("GET", f"{api.inference}/v1/models/sleep").json() == {"name": "sleep", "ready": True}
+    body = {"id": "s1", "inputs": [{"name": "body", "shape": [1], "datatype": "BYTES", "data": ["v2"]}]}
+    v2 = call("POST", f"{api.inference}/v2/models/sleep/infer", json.dumps(body).encode(), JSON)
+    assert v2.status == 200, v2.body
+    assert (v2.json()["id"], v2.json()["model_version"]) == ("s1", "1.0")
+    assert json.loads(v2.json()["outputs"][0]["data"][0])["echo"] == "v2"
+    assert int(v2.headers["x-servetune-batch-size"]) >= 1
+    metadata = call("GET", f"{api.inference}/v2/models/sleep").json()  # the handler's, as its worker reported it
+    assert metadata == {"name": "sleep", "versions": ["1.0"], "outputs": [], **SLEEP_METADATA}
+    assert call("GET", f"{api.inference}/v2/models/sleep/ready").json() == {"name": "sleep", "ready": True}
+    assert call("GET", f"{api.inference}/v2/health/ready").json() == {"ready": True}
+    missing = call("POST", f"{api.inference}/v2/models/nope/infer", json.dumps(body).encode(), JSON)
+    assert missing.status == 404 and list(missing.json()) == ["error"]
+    wait_for(lambda: api.counter("ts_inference_requests_total", "sleep") >= before + 2, 15, "v1 and v2 counted")
+
+
+def grpc_call(target: str, service: str, rpc: str, /, **fields: Any) -> Any:
+    method = methods(service)[rpc]
+    with grpc.insecure_channel(target) as channel:
+        call = (channel.unary_stream if method.server_streaming else channel.unary_unary)(
+            method.path, request_serializer=method.request.SerializeToString,
+            response_deserializer=method.response.FromString,
+        )
+        answer = call(method.request(**fields), timeout=60)
+        return list(answer) if method.server_streaming else answer
+
+
+def test_grpc_services_reach_the_model(api: Api) -> None:
+    target = api.server.grpc_inference_target
+    predicted = grpc_call(target, TORCHSERVE_INFERENCE, "Predictions", model_name="sleep", input={"data": b"g"})
+    assert json.loads(predicted.prediction)["echo"] == "g"
+    streamed = grpc_call(target, TORCHSERVE_INFERENCE, "StreamPredictions", model_name="sleep",
+                         input={"data": b"stream:2"})
+    assert [m.prediction for m in streamed[:2]] == [b"part 0", b"part 1"]
+    assert json.loads(streamed[2].prediction)["echo"] == "stream:2" and len(streamed) == 3
+    tensor = {"name": "body", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"oip"]}}
+    answer = grpc_call(target, OIP, "ModelInfer", model_name="sleep", id="g1", inputs=[tensor])
+    assert (answer.id, answer.model_version) == ("g1", "1.0")
+    assert json.loads(answer.outputs[0].contents.bytes_contents[0])["echo"] == "oip"
+    metadata = grpc_call(target, OIP, "ModelMetadata", name="sleep")
+    assert (metadata.platform, [i.name for i in metadata.inputs]) == ("python_sleep", ["body"])
+    assert grpc_call(target, OIP, "ModelReady", name="sleep").ready
+    assert grpc_call(target, HEALTH, "Check", service="sleep").status == 1  # SERVING
+    with pytest.raises(grpc.RpcError) as missing:
+        grpc_call(target, TORCHSERVE_INFERENCE, "Predictions", model_name="nope", input={"data": b"g"})
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND

@@ -1,5 +1,7 @@
-"""Clients nobody on this project wrote, against a real server with its defaults (issue 18, items 1-3).
+"""Clients nobody on this project wrote, against one real server with its defaults (issue 18, items 1-3).
 
+- Triton's HTTP client: health, metadata, inference in binary and JSON, its errors (``doubler``, ``tensors``).
+- Triton's gRPC client against the OIP gRPC service: health, metadata, raw and typed contents, errors (``stream``).
 - Triton's client into the built-in ``image_classifier`` with no ``service_envelope`` set: HTTP with the image
   binary, HTTP JSON with it base64-encoded, gRPC with it in ``raw_input_contents`` (each the first BYTES element, as
   TorchServe's ``kservev2`` envelope handed it to a raw-bytes handler), answered as ``/predictions`` answers.
@@ -33,6 +35,7 @@ from PIL import Image
 
 from grpc_models import generate_stubs, tensor_archive
 from http_client import call
+from kserve_models import DOUBLER_METADATA, build_store
 from models import handler_archive
 from servetune.archive import create_archive
 from servetune.embedded import EmbeddedServer
@@ -101,8 +104,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
     handler_archive(store, "echo", "echo.py", ECHO, {})
     handler_archive(store, "loading", "echo.py", ECHO, {"load_s": 60})
     tensor_archive(store, "stream", batch_ms=0, model_config={"batchSize": 1, "maxBatchDelay": 0})
+    kserve = build_store(store, batch_ms=0)  # doubler, tensors
     properties = {"default_workers_per_model": "1", "disable_token_authorization": "true", "enable_model_api": "true"}
-    models = {"img": "img.mar", "echo": "echo.mar", "stream": "stream.mar"}
+    models = {"img": "img.mar", "echo": "echo.mar", "stream": "stream.mar", **kserve}
     with EmbeddedServer(store, models, properties) as running:
         yield running
 
@@ -111,6 +115,63 @@ def predictions(server: EmbeddedServer, image: bytes) -> Any:
     reply = call("POST", f"{server.inference_url}/predictions/img", image)
     assert reply.status == 200, reply.body
     return reply.json()
+
+
+# ---- Triton's clients: the Open Inference Protocol over HTTP and gRPC ---------------------------------
+
+
+@pytest.mark.parametrize("binary_data", [True, False], ids=["binary", "json"])
+def test_tritons_http_client_talks_to_servetune(server: EmbeddedServer, binary_data: bool) -> None:
+    triton = pytest.importorskip("tritonclient.http")
+    client = triton.InferenceServerClient(server.inference_url.removeprefix("http://"))
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("doubler") and client.is_model_ready("tensors", "1.0")
+        assert not client.is_model_ready("nope")
+        assert client.get_server_metadata()["name"] == "servetune"
+        assert client.get_model_metadata("doubler")["inputs"] == DOUBLER_METADATA["inputs"]
+        x = np.array([1.0, 2.5, -3.0], dtype=np.float32)
+        given = triton.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x, binary_data=binary_data)
+        wanted = [triton.InferRequestedOutput(name, binary_data=binary_data) for name in ("y", "echo")]
+        result = client.infer("tensors", [given], outputs=wanted, request_id="t-1", parameters={"tag": "tc"})
+        assert result.get_response()["id"] == "t-1"
+        np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
+        echo = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("echo").tolist()]
+        assert echo == ["tc", "False"]  # JSON BYTES come back as str, binary ones as bytes
+        # no outputs named: the client asks for every output in binary
+        doubled = client.infer("doubler", [_triton_input(triton, np.ones((1, 2), np.float32), binary_data)])
+        np.testing.assert_array_equal(doubled.as_numpy("input-0"), [2.0, 2.0])
+        with pytest.raises(triton.InferenceServerException, match="Prediction failed"):
+            bad = triton.InferInput("input-0", [1], "BYTES")
+            bad.set_data_from_numpy(np.array([b"boom"], dtype=object), binary_data=binary_data)
+            client.infer("doubler", [bad])
+        with pytest.raises(triton.InferenceServerException, match="nope"):
+            client.infer("nope", [given])
+    finally:
+        client.close()
+
+
+def _triton_input(triton: object, array: np.ndarray, binary_data: bool) -> object:
+    given = triton.InferInput("input-0", list(array.shape), "FP32")  # type: ignore[attr-defined]
+    given.set_data_from_numpy(array, binary_data=binary_data)
+    return given
+
+
+def test_tritons_grpc_client_talks_to_the_oip_grpc_service(server: EmbeddedServer) -> None:
+    python = client_python("tritonclient")
+    script = Path(__file__).with_name("triton_grpc_client.py")
+    run = subprocess.run([str(python), str(script), server.grpc_inference_target, "stream"], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert (seen["live"], seen["ready"], seen["model_ready"]) == (True, True, True)
+    assert seen["server"]["name"] == "servetune"
+    assert seen["metadata"]["name"] == "stream" and seen["metadata"]["versions"] == ["1.0"]
+    assert seen["raw"] == {"y": [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]], "id": "t1"}
+    assert seen["bytes"] == ["hello", "world"]
+    assert seen["typed"] == {"y": [2, 4, 6], "raw": 0}
+    assert seen["errors"] == {"unknown_model": "StatusCode.NOT_FOUND", "wrong_shape": "StatusCode.INVALID_ARGUMENT"}
 
 
 # ---- Triton's client into TorchServe's image_classifier ------------------------------------------

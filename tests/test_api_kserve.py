@@ -1,5 +1,8 @@
-"""KServe v1 and the Open Inference Protocol v2 over REST, on real servers of both backends (the Ray one marked slow):
-every endpoint, batching under each protocol, each protocol's errors, and Triton's own HTTP client.
+"""KServe v1 and the Open Inference Protocol v2 over REST: every endpoint, batching under each protocol, each
+protocol's errors, and a schema fuzz of the v2 API. In process (tests/inprocess.py): the real HTTP stack, gateway and
+protocol modules, the handlers run by the worker runtime in this process over a fake backend. Both real backends
+serve these protocols in tests/test_api_backends.py (the smoke suite), Triton's HTTP client talks to a real server in
+tests/test_api_foreign_clients.py.
 
 Models (tests/kserve_models.py): ``doubler``, a TorchServe-style BaseHandler for KServe's envelopes (batch 4, 200 ms
 delay, 60 ms a batch, OIP metadata in its model-config.yaml); ``tensors``, servetune's tensors form (metadata from
@@ -9,7 +12,6 @@ its handler).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,19 +19,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import BACKENDS, backend_server
+from backends import IN_PROCESS, backend_server
 from http_client import Reply, burst, call
+from inprocess import InProcessServer
 from kserve_models import DOUBLER_METADATA, build_store
-from servetune.embedded import EmbeddedServer
 from servetune.tensors import InferenceRequest, RequestedOutput, Tensor, encode_request, parse_response
 
-HAS_TRITON = importlib.util.find_spec("tritonclient") is not None
 JSON = {"Content-Type": "application/json"}
 LIMIT = 200_000
 
 
 class Server:
-    def __init__(self, server: EmbeddedServer, backend: str) -> None:
+    def __init__(self, server: InProcessServer, backend: str) -> None:
         self.server = server
         self.backend = backend
         self.url = server.inference_url
@@ -41,7 +42,7 @@ class Server:
         return call("POST", f"{self.url}{path}", body, headers or JSON)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=IN_PROCESS)
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     backend = request.param
     store = tmp_path_factory.mktemp("store")
@@ -272,49 +273,6 @@ def test_the_metrics_count_v1_and_v2_requests(server: Server) -> None:
     assert counted and float(counted[0].rsplit(" ", 1)[1]) >= 1, text[:2000]
 
 
-# ---- Triton's client -------------------------------------------------------------------------
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="tritonclient[http] is not installed (the dev extra installs it)")
-@pytest.mark.parametrize("binary_data", [True, False], ids=["binary", "json"])
-def test_tritons_http_client_talks_to_servetune(server: Server, binary_data: bool) -> None:
-    import tritonclient.http as triton
-
-    client = triton.InferenceServerClient(server.url.removeprefix("http://"))
-    try:
-        assert client.is_server_live() and client.is_server_ready()
-        assert client.is_model_ready("doubler") and client.is_model_ready("tensors", "1.0")
-        assert not client.is_model_ready("nope")
-        assert client.get_server_metadata()["name"] == "servetune"
-        assert client.get_model_metadata("doubler")["inputs"] == DOUBLER_METADATA["inputs"]
-        x = np.array([1.0, 2.5, -3.0], dtype=np.float32)
-        given = triton.InferInput("x", list(x.shape), "FP32")
-        given.set_data_from_numpy(x, binary_data=binary_data)
-        wanted = [triton.InferRequestedOutput(name, binary_data=binary_data) for name in ("y", "echo")]
-        result = client.infer("tensors", [given], outputs=wanted, request_id="t-1", parameters={"tag": "tc"})
-        assert result.get_response()["id"] == "t-1"
-        np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
-        echo = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("echo").tolist()]
-        assert echo == ["tc", "False"]  # JSON BYTES come back as str, binary ones as bytes
-        # no outputs named: the client asks for every output in binary
-        doubled = client.infer("doubler", [_triton_input(triton, np.ones((1, 2), np.float32), binary_data)])
-        np.testing.assert_array_equal(doubled.as_numpy("input-0"), [2.0, 2.0])
-        with pytest.raises(triton.InferenceServerException, match="Prediction failed"):
-            bad = triton.InferInput("input-0", [1], "BYTES")
-            bad.set_data_from_numpy(np.array([b"boom"], dtype=object), binary_data=binary_data)
-            client.infer("doubler", [bad])
-        with pytest.raises(triton.InferenceServerException, match="nope"):
-            client.infer("nope", [given])
-    finally:
-        client.close()
-
-
-def _triton_input(triton: object, array: np.ndarray, binary_data: bool) -> object:
-    given = triton.InferInput("input-0", list(array.shape), "FP32")  # type: ignore[attr-defined]
-    given.set_data_from_numpy(array, binary_data=binary_data)
-    return given
-
-
 # ---- the served OpenAPI ----------------------------------------------------------------------
 
 
@@ -326,8 +284,6 @@ def test_the_api_description_has_the_v1_and_v2_routes(server: Server) -> None:
 
 
 def test_schemathesis_finds_no_fault_in_the_v2_api(server: Server, tmp_path: Path) -> None:
-    if server.backend != "native":
-        pytest.skip("the API layer is the same on Ray; fuzzed once")
     import shutil
     import subprocess
     import sys

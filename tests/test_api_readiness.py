@@ -5,6 +5,7 @@ model answers, and never answers 404 for it. A start-up model that fails to load
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,18 +41,41 @@ def status_of(method: str, url: str) -> int:
         return 0  # not listening yet
 
 
-def start(tmp_path: Path, backend: str, models: str) -> tuple[subprocess.Popen[str], str]:
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[str]:
+    """One Ray head for the module's Ray tests (each server connects to it, and shuts its Serve instance down when it
+    stops): one Ray start instead of one per test. Started by the first test that asks for it."""
+    from ray_cluster import AUTH_MODE, LocalRayCluster
+
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = AUTH_MODE  # inherited by the servers
+    head = LocalRayCluster(head_cpus=4, node_cpus=())
+    try:
+        yield head.start().address
+    finally:
+        head.stop()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def start(
+    tmp_path: Path, backend: str, models: str, request: pytest.FixtureRequest
+) -> tuple[subprocess.Popen[str], str]:
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         pytest.skip("Ray Serve is not installed")
+    address = request.getfixturevalue("ray_head") if backend == "ray" else "local"
     port = free_port()
     config = tmp_path / "config.properties"
     config.write_text(
         f"inference_address=http://127.0.0.1:{port}\nmanagement_address=http://127.0.0.1:{free_port()}\n"
         f"metrics_address=http://127.0.0.1:{free_port()}\ndisable_token_authorization=true\n"
+        "grpc_inference_port=0\ngrpc_management_port=0\n"  # never TorchServe's 7070/7071: another server may hold them
         "default_workers_per_model=1\n"
     )
     args = [sys.executable, "-m", "servetune", "serve", "--ts-config", str(config), "--backend", backend]
-    args += ["--model-store", str(tmp_path / "store"), "--models", models, "--ray-address", "local"]
+    args += ["--model-store", str(tmp_path / "store"), "--models", models, "--ray-address", address]
     args += ["--ready-file", str(tmp_path / "ready.json")]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, f"http://127.0.0.1:{port}"
@@ -63,9 +88,11 @@ def stop(proc: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ping_says_healthy_only_once_the_start_up_model_answers(tmp_path: Path, backend: str) -> None:
+def test_ping_says_healthy_only_once_the_start_up_model_answers(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     sleep_archive(tmp_path / "store", batch_ms=1, model_config={"sleep": {"load_s": LOAD_S}})
-    proc, url = start(tmp_path, backend, "sleep=sleep.mar")
+    proc, url = start(tmp_path, backend, "sleep=sleep.mar", request)
     seen: list[tuple[int, int]] = []
     try:
         deadline = time.monotonic() + 240
@@ -87,10 +114,12 @@ def test_ping_says_healthy_only_once_the_start_up_model_answers(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_start_up_model_that_fails_keeps_ping_unhealthy(tmp_path: Path, backend: str) -> None:
+def test_a_start_up_model_that_fails_keeps_ping_unhealthy(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     sleep_archive(tmp_path / "store", batch_ms=1)
     sleep_archive(tmp_path / "store", name="broken", model_config={"sleep": {"fail_load": True}})
-    proc, url = start(tmp_path, backend, "sleep=sleep.mar broken=broken.mar")
+    proc, url = start(tmp_path, backend, "sleep=sleep.mar broken=broken.mar", request)
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "ready.json").exists() and time.monotonic() < deadline:  # "Model server started."

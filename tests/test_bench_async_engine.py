@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 
 from models import sleep_archive
 from servetune.bench import BenchResult, BenchSpec, run_bench, run_bench_async
-from servetune.bench.async_engine import arrivals
 from servetune.bench.metrics import parse_prometheus
 from servetune.bench.runner import _run_on_fresh_loop
 
@@ -142,16 +140,6 @@ def test_late_sends_are_detected(start_server: Callable[..., Any], tmp_path: Pat
     # several). At 50,000/s a fast machine kept within 1 ms of the schedule.
     flood = run_bench(BenchSpec(url=ping, method="GET", rate=1_000_000.0, duration=0.002, max_connections=32))
     assert flood.sent == 2000 and flood.unreliable and flood.late_sends > 0.5 * flood.sent
-
-
-def test_arrival_schedules() -> None:
-    constant = [t for _, t in zip(range(5), arrivals(4.0, "constant"), strict=False)]
-    assert constant == [0.0, 0.25, 0.5, 0.75, 1.0]
-    poisson = [t for _, t in zip(range(20001), arrivals(100.0, "poisson", seed=3), strict=False)]
-    gaps = [b - a for a, b in zip(poisson, poisson[1:], strict=False)]
-    assert statistics.fmean(gaps) == pytest.approx(0.01, rel=0.03)
-    assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(1.0, rel=0.05)  # exponential gaps
-    assert poisson[:50] == [t for _, t in zip(range(50), arrivals(100.0, "poisson", seed=3), strict=False)]
 
 
 def test_run_bench_from_inside_an_event_loop(start_server: Callable[..., Any]) -> None:

@@ -64,7 +64,9 @@ def test_markdown_and_terminal_summary_carry_the_figures() -> None:
 def test_write_report_writes_every_file(tmp_path: Path) -> None:
     out = tmp_path / "run"
     written = write_report(result(), out)
-    assert {p.name for p in written} == {"result.json", "ab_report.csv", "report.md", "samples.csv", "latency.png"}
+    assert {p.name for p in written} == {
+        "result.json", "ab_report.csv", "report.md", "samples.csv", "requests.jsonl", "latency.png",
+    }  # fmt: skip
     assert BenchResult.from_json((out / "result.json").read_text()).sent == 401
     json.loads((out / "result.json").read_text())
     with (out / "ab_report.csv").open() as handle:
@@ -73,5 +75,11 @@ def test_write_report_writes_every_file(tmp_path: Path) -> None:
     with (out / "samples.csv").open() as handle:
         samples = list(csv.DictReader(handle))
     assert len(samples) == 401 and samples[-1]["status"] == "503" and samples[-1]["queue_ms"] == ""
+    lines = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(lines) == 401 and [x["intended_s"] for x in lines] == sorted(x["intended_s"] for x in lines)
+    assert lines[0] == {"intended_s": 0.0, "sent_s": 0.0, "latency_ms": 20.0, "status": 200, "queue_ms": 1.0,
+                        "handler_ms": 18.0, "batch_size": 2}  # fmt: skip
+    failed = next(x for x in lines if x["status"] == 503)
+    assert failed["queue_ms"] is None and failed["batch_size"] is None
     assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "latency.png").stat().st_size > 10_000

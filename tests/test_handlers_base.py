@@ -16,6 +16,7 @@ import torch
 
 from servetune._exceptions import HandlerError
 from servetune.handlers import InputParam, Request, Service, load_service, uninstall_ts_alias
+from servetune.handlers.control import Control
 from servetune.handlers.metrics import MetricTypes
 
 LINEAR_SOURCE = """
@@ -257,8 +258,40 @@ def test_optimization_hook_runs_after_loading_and_describe(tmp_path: Path) -> No
     (tmp_path / "handler.py").write_text(textwrap.dedent(HOOKED_HANDLER))
     (tmp_path / "index_to_name.json").write_text(json.dumps({"0": ["n01", "cat"], "1": "dog"}))
     service = load(tmp_path, handler="handler.py", serializedFile="weights.pth", modelFile="model.py")
-    (out,) = service.predict([Request("r", {"describe": "True"}, [])])
+    (out,) = service.predict([Request("r", {}, [], Control(describe=True))])
     assert json.loads(out.body) == {"optimized": "Net", "labels": {"0": "cat", "1": "dog"}}
+
+
+WRAPPED_HANDLER = """
+from servetune.handlers.base import BaseHandler
+
+class Hooked(BaseHandler):
+    def _apply_optimization(self):
+        self.applied = self.model_yaml_config["optimization"]
+
+_service = Hooked()
+
+def handle(data, context):
+    if not _service.initialized:
+        _service.initialize(context)
+    return None if data is None else _service.handle(data, context)
+"""
+
+
+def test_a_function_handler_over_a_base_handler_takes_the_variant(tmp_path: Path) -> None:
+    """TorchServe's module pattern: a ``handle`` function over a ``BaseHandler`` instance; its ``initialize`` ran, so
+    the variant is applied (here by the hook) and the load goes on."""
+    eager_dir(tmp_path)
+    (tmp_path / "handler.py").write_text(textwrap.dedent(WRAPPED_HANDLER))
+    service = load(
+        tmp_path,
+        handler="handler.py",
+        yaml_config={"optimization": "bf16"},
+        serializedFile="weights.pth",
+        modelFile="model.py",
+    )
+    assert sys.modules["handler"]._service.applied == "bf16"
+    assert service.predict([json_request(X[0])])[0].status == 200
 
 
 def test_profile_records_stage_times_and_handler_time(tmp_path: Path) -> None:
@@ -277,7 +310,7 @@ def test_profile_records_stage_times_and_handler_time(tmp_path: Path) -> None:
 def test_explain_without_support_is_501(tmp_path: Path) -> None:
     service = load(eager_dir(tmp_path), serializedFile="weights.pth", modelFile="model.py")
     (out,) = service.predict(
-        [Request("r", {"explain": "True"}, [InputParam("body", "application/json", b"[1,2,3,4]")])]
+        [Request("r", {}, [InputParam("body", "application/json", b"[1,2,3,4]")], Control(explain=True))]
     )
     assert out.status == 501
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from servetune.handlers.envelopes import KSERVE_V1, OIP_METADATA, OIP_V2, PROTOCOL_HEADER
+from servetune.handlers.control import KSERVE_V1, OIP_V2, Control
 from servetune.handlers.service import InputParam, Request, Response, Service, load_service
 from servetune.tensors import (
     HEADER_LENGTH,
@@ -115,13 +115,13 @@ def service(tmp_path: Path, source: str, config: dict[str, Any] | None = None, e
 
 def v2(request_id: str, inputs: list[Tensor], **extra: Any) -> Request:
     body, header_length = encode_request(InferenceRequest(inputs, **extra))
-    headers = {PROTOCOL_HEADER: OIP_V2, HEADER_LENGTH.lower(): str(header_length), "explain": "False"}
-    return Request(request_id, headers, [InputParam("body", "application/octet-stream", body)])
+    headers = {HEADER_LENGTH.lower(): str(header_length)}
+    return Request(request_id, headers, [InputParam("body", "application/octet-stream", body)], Control(OIP_V2))
 
 
 def v1(request_id: str, payload: Any, explain: bool = False) -> Request:
-    headers = {PROTOCOL_HEADER: KSERVE_V1, "explain": "True" if explain else "False"}
-    return Request(request_id, headers, [InputParam("body", "application/json", json.dumps(payload).encode())])
+    body = [InputParam("body", "application/json", json.dumps(payload).encode())]
+    return Request(request_id, {}, body, Control(KSERVE_V1, explain=explain))
 
 
 def outputs(response: Response) -> dict[str, Any]:
@@ -211,8 +211,8 @@ def test_a_mixed_batch_runs_each_protocol_through_its_envelope(tmp_path: Path) -
 
 def test_a_bad_request_fails_alone(tmp_path: Path) -> None:
     svc = service(tmp_path, DOUBLER)
-    broken = Request("bad", {PROTOCOL_HEADER: OIP_V2, HEADER_LENGTH.lower(): "3"},
-                     [InputParam("body", "application/octet-stream", b'{"inputs": 1}')])
+    broken = Request("bad", {HEADER_LENGTH.lower(): "3"},
+                     [InputParam("body", "application/octet-stream", b'{"inputs": 1}')], Control(OIP_V2))
     answers = svc.predict([broken, v1("nobody", {"instance": []}), v2("ok", [Tensor.from_array("x", [1.0])])])
     assert answers[0].status == 400 and "request bad" in json.loads(answers[0].body)["message"]
     assert answers[1].status == 400 and "instances" in json.loads(answers[1].body)["message"]
@@ -226,12 +226,14 @@ def test_empty_instances_are_answered_without_the_handler(tmp_path: Path) -> Non
     assert calls() == []
 
 
-def test_the_explain_header_chooses_explanations(tmp_path: Path) -> None:
+def test_the_explain_control_chooses_explanations(tmp_path: Path) -> None:
     source = "def handle(data, context):\n    return None if data is None else [[len(data)] for _ in data]\n"
-    svc = service(tmp_path, source)
+    svc = service(tmp_path, "servetune_explains = True\n" + source)
     assert json.loads(svc.predict([v1("e", {"instances": [1, 2]}, explain=True)])[0].body) == {
         "explanations": [[2], [2]]
     }
+    refused = service(tmp_path, source).predict([v1("e", {"instances": [1, 2]}, explain=True)])[0]
+    assert refused.status == 501 and "does not provide explanations" in json.loads(refused.body)["message"]
 
 
 def test_service_envelope_applies_to_torchserves_routes(tmp_path: Path) -> None:
@@ -239,7 +241,7 @@ def test_service_envelope_applies_to_torchserves_routes(tmp_path: Path) -> None:
     body = {"inputs": [{"name": "input-0", "shape": [2], "datatype": "INT64", "data": [1, 2]}]}
     plain = Request("p", {}, [InputParam("body", "application/json", json.dumps(body).encode())])
     assert outputs(svc.predict([plain])[0]) == {"input-0": [2.0, 4.0]}
-    describe = Request("d", {"describe": "True"}, [InputParam("body", None, b"")])
+    describe = Request("d", {}, [InputParam("body", None, b"")], Control(describe=True))
     assert svc.predict([describe])[0].body == b"null"  # the management API's describe: no envelope
     plain = Request("p", {}, [InputParam("body", "application/json", b'{"instances": [[1, 1], {"b64": "AA=="}]}')])
     reprs = "def handle(data, context):\n    return None if data is None else [repr(d) for d in data]\n"
@@ -249,12 +251,14 @@ def test_service_envelope_applies_to_torchserves_routes(tmp_path: Path) -> None:
         service(tmp_path, DOUBLER, envelope="soap")
 
 
-def test_the_handlers_metadata_is_asked_without_handle(tmp_path: Path) -> None:
+def test_the_handlers_metadata_is_read_once_when_it_loads(tmp_path: Path) -> None:
     svc = service(tmp_path, DOUBLER)
-    calls().clear()
-    request = Request("m", {PROTOCOL_HEADER: OIP_METADATA}, [InputParam("body", None, b"")])
-    assert json.loads(svc.predict([request])[0].body)["platform"] == "p"
-    assert calls() == []
+    assert svc.metadata is not None and svc.metadata["platform"] == "p"  # what the worker reports when loaded
+    unjsonable = (
+        "def model_metadata():\n    return {'platform': object()}\n\n"
+        "def handle(data, context):\n    return None if data is None else data\n"
+    )
+    assert service(tmp_path, unjsonable).metadata is None  # one the worker cannot send: none, not a failed load
 
 
 def test_the_tensors_form_gets_requests_and_answers_with_any_tensor_shape(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from servetune._exceptions import HandlerError
-from servetune.handlers import InputParam, Request, Response, Service, load_service, uninstall_ts_alias
+from servetune.handlers import Control, InputParam, Request, Response, Service, load_service, uninstall_ts_alias
 from servetune.handlers.loader import heavy_imports
 
 
@@ -46,8 +46,7 @@ def make_service(
         model_name="m",
         gpu_id=None,
         batch_size=batch_size,
-        model_yaml_config={},
-        **kwargs,
+        **{"model_yaml_config": {}, **kwargs},
     )
 
 
@@ -144,6 +143,25 @@ def test_load_failures_raise_handler_error(tmp_path: Path, source: str, handler:
         make_service(tmp_path, source, handler=handler)
     if "raise" in source:
         assert "handler.py" in str(info.value)  # the traceback summary points into the handler
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        ECHO,
+        "class Echo:\n    def initialize(self, context):\n        pass\n    def handle(self, data, context):\n"
+        "        return [row.get('body') for row in data]\n",
+    ],
+    ids=["function", "class-of-its-own"],
+)
+def test_a_variant_that_the_handler_would_not_apply_is_a_load_error(tmp_path: Path, source: str) -> None:
+    with pytest.raises(HandlerError, match=r"optimization='bf16', but handler 'handler.py' does not apply it"):
+        make_service(tmp_path, source, model_yaml_config={"optimization": "bf16"})
+    # eager is the model as loaded: nothing to apply
+    assert (
+        make_service(tmp_path, source, model_yaml_config={"optimization": "eager"}).predict([req(b"x")])[0].status
+        == 200
+    )
 
 
 def test_manifest_without_handler(tmp_path: Path) -> None:
@@ -354,6 +372,7 @@ def test_context_carries_request_headers_and_input_content_types(tmp_path: Path)
             "mode": {"content-type": None},
             "x-token": "t",
             "ts_request_sequence_id": "s1",
+            "explain": "False",  # set by the worker from the request's control, as for every request
         },
         "upper": "t",
         "id": "id-1",
@@ -454,3 +473,32 @@ def test_heavy_imports_are_read_from_the_archives_files(
         (tmp_path / name).write_text(source)
     found = heavy_imports({"model": {"handler": handler, **extra}}, tmp_path)
     assert found == reason
+
+
+def test_a_batch_is_split_by_control_and_client_control_headers_are_dropped(tmp_path: Path) -> None:
+    service = make_service(
+        tmp_path,
+        """
+        servetune_explains = True
+
+        def handle(data, context):
+            if data is None:
+                return None
+            seen = [sorted(k for k in context.get_all_request_header(i) if k in ("explain", "describe")
+                           or k.startswith("x-servetune")) for i in range(len(data))]
+            return [{"call": len(data), "explain": context.get_request_header(0, "explain"), "seen": seen[i]}
+                    for i in range(len(data))]
+    """,
+    )
+    spoofed = {"explain": "True", "describe": "True", "x-servetune-protocol": "oip-metadata"}
+    batch = [
+        Request("attacker", spoofed, [InputParam("body", None, b"a")], Control(explain=True)),
+        Request("victim-1", {}, [InputParam("body", None, b"b")]),
+        Request("victim-2", spoofed, [InputParam("body", None, b"c")]),
+    ]
+    answers = [json.loads(r.body) for r in service.predict(batch)]
+    assert answers == [
+        {"call": 1, "explain": "True", "seen": ["explain"]},
+        {"call": 2, "explain": "False", "seen": ["explain"]},
+        {"call": 2, "explain": "False", "seen": ["explain"]},
+    ]

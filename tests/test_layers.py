@@ -108,3 +108,55 @@ def test_layers_import_only_what_they_may_and_only_public_names() -> None:
                 ):
                     problems.append(f"{name} imports {module}.{item}, which is not public")
     assert not problems, "\n".join(problems)
+
+
+# Exceptions outside the one tree, each with its reason in servetune/_exceptions.py's docstring.
+OUTSIDE_THE_TREE = {
+    "servetune.handlers.util.PredictionException",  # the handler contract's (``ts.utils.util``)
+    "servetune.handlers.util.BadInputError",
+    "servetune.api.http_guard._Refused",  # private signals, caught in their own module
+    "servetune.config.model_yaml._Refused",
+}
+
+
+def _exception_classes() -> dict[str, list[str]]:
+    """module -> the classes it defines that derive (by name, to a fixpoint) from an exception: found on the source,
+    so that only those modules are imported."""
+    trees = {name: ast.parse(path.read_text()) for name, path in modules().items()}
+    classes = {
+        name: [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)] for name, tree in trees.items()
+    }
+    known: set[str] = set()
+    while True:
+        found = {
+            node.name
+            for nodes in classes.values()
+            for node in nodes
+            for base in node.bases
+            if (base_name := ast.unparse(base).rsplit(".", 1)[-1]) in known
+            or base_name.endswith(("Error", "Exception"))
+        }
+        if found <= known:
+            break
+        known |= found
+    return {
+        name: [n.name for n in nodes if n.name in known]
+        for name, nodes in classes.items()
+        if any(n.name in known for n in nodes)
+    }
+
+
+def test_every_exception_is_in_the_one_tree() -> None:
+    from servetune._exceptions import ServetuneError
+
+    outside = []
+    for name, class_names in _exception_classes().items():
+        module = importlib.import_module(name)
+        for class_name in class_names:
+            found = getattr(module, class_name)
+            assert isinstance(found, type) and issubclass(found, BaseException), f"{name}.{class_name}"
+            if not issubclass(found, ServetuneError):
+                outside.append(f"{name}.{class_name}")
+    assert sorted(outside) == sorted(OUTSIDE_THE_TREE)
+    documented = (SRC / "servetune" / "_exceptions.py").read_text()
+    assert all(qualified.rsplit(".", 1)[1] in documented for qualified in outside)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,8 +20,8 @@ from ray_cluster import run_cli_without_ray
 from servetune._exceptions import ApiError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
-from servetune.ray import ModelPlan, plan_models, serve_config
-from servetune.ray.serve_config import max_ongoing_requests
+from servetune.ray import ModelPlan, ServedModel, plan_models, serve_config
+from servetune.ray.serve_config import FrontendArgs, ModelArgs, max_ongoing_requests
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
@@ -115,7 +117,7 @@ def test_two_versions_are_one_application_with_a_deployment_each(tmp_path: Path)
     _validate_with_ray(config)
     app = config["applications"][1]
     assert [d["name"] for d in app["deployments"]] == ["m_v1_0", "m_v2_0"]
-    assert sorted(app["args"]["versions"]) == ["1.0", "2.0"] and app["args"]["default_version"] == "1.0"
+    assert sorted(app["args"]["versions"]) == ["1.0", "2.0"] and app["args"]["model"]["default"] == "1.0"
     with pytest.raises(Exception, match="does not exist for model: m"):
         model.get("3.0")
 
@@ -172,3 +174,60 @@ def test_the_replica_queue_holds_two_batches_unless_the_model_config_says(tmp_pa
     assert apps["one"]["deployments"][0]["max_ongoing_requests"] == 4
     with pytest.raises(ApiError, match=r"rayOngoingBatches=0: expected an integer 1\.\.64"):
         plan_models(_config(tmp_path), ("bad.mar",))
+
+
+def _two_versions(store: Path) -> ModelPlan:
+    sleep_archive(store, name="m", version="1.0")
+    (store / "m.mar").rename(store / "m1.mar")
+    sleep_archive(store, name="m", version="2.0")
+    [model] = plan_models(_config(store), ("m1.mar", "m.mar"))
+    return model
+
+
+def test_what_the_frontend_and_replicas_are_told_round_trips_through_the_config_file(tmp_path: Path) -> None:
+    model = _two_versions(tmp_path)
+    idle = ModelPlan("m", {**model.versions, "2.0": model.versions["2.0"].scaled(0, 0)}, "1.0")
+    server = _config(tmp_path, max_request_size="1234")
+    config = yaml.safe_load(yaml.safe_dump(serve_config([idle], server=server)))  # as `serve deploy` reads it
+    frontend, app = config["applications"]
+
+    shipped = ModelArgs.from_json(app["args"])
+    assert shipped.model == idle.served == ServedModel("m", "1.0", ("1.0", "2.0"), ("1.0",))
+    assert shipped.plans == {"1.0": model.versions["1.0"].plan}  # only the deployed version's plan travels
+    assert shipped.server.max_request_size == 1234
+    assert json.loads(json.dumps(shipped.to_json())) == app["args"]
+
+    told = FrontendArgs.from_json(frontend["args"])
+    assert told.models == (idle.served,) and told.server.max_request_size == 1234 and not told.starting
+    assert told.to_json() == frontend["args"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda a: a["model"].update(default="9.0"), "default version '9.0' is not one of"),
+        (lambda a: a["model"].update(deployed=["2.0"]), "deployed without the default"),
+        (lambda a: a["model"].update(deployed=["1.0", "3.0"]), "are not all in"),
+        (lambda a: a["versions"].pop("2.0"), r"plans for \['1.0'\], deployed \['1.0', '2.0'\]"),
+        (lambda a: a.update(model={"name": "m"}), "expected a served model"),
+        (lambda a: a["model"].update(versions="1.0"), "must be lists of version strings"),
+    ],
+)
+def test_a_hand_edited_model_application_is_refused_with_the_reason(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], object], reason: str
+) -> None:
+    [_, app] = serve_config([_two_versions(tmp_path)])["applications"]
+    edit(app["args"])
+    with pytest.raises(ValueError, match=reason):
+        ModelArgs.from_json(app["args"])
+
+
+def test_the_kuberay_example_ships_args_the_builders_read() -> None:
+    example = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "rayservice.yaml").read_text())
+    config = yaml.safe_load(example["spec"]["serveConfigV2"])
+    _validate_with_ray(config)
+    frontend, app = config["applications"]
+    [served] = FrontendArgs.from_json(frontend["args"]).models
+    shipped = ModelArgs.from_json(app["args"])
+    assert served == shipped.model and served.name == app["name"] == "resnet18"
+    assert [d["name"] for d in app["deployments"]] == ["resnet18_v1_0"]

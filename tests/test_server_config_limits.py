@@ -224,7 +224,7 @@ def test_management_integers_are_read_as_java_reads_them(server: RunningServer) 
         assert reply.status == 200, (value, reply.body)
         return int(call("GET", f"{mgmt}/models/sleep").json()[0]["maxWorkers"])
 
-    # Integer.parseInt refuses each of these, so each is "not given" (Arabic-Indic ٢: see docs/limits-config.md)
+    # Integer.parseInt refuses each of these, so each is "not given" (Arabic-Indic ٢: see docs/limits.md)
     for value in ("1_0", "%202", "2%20", "2147483648", "%D9%A2", "0x2", "2.0", ""):
         assert max_workers_after(value) == 0, value
     assert max_workers_after("%2B2") == 2  # a sign is Java's too

@@ -221,16 +221,18 @@ def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
         text=True,
     )
     assert proc.stdout is not None
-    with proc.stdout:
-        for line in proc.stdout:
-            if line.startswith("Model server started."):
-                break
-        workers = psutil.Process(proc.pid).children(recursive=True)
-        children = psutil.Process(proc.pid).children()
-        assert len(workers) == 5 and len(children) == 3  # a parent with 2 workers, 2 spawned workers
-        parent = next(c for c in children if "servetune.server.forkserver" in c.cmdline())
-        assert len(parent.children()) == 2
-        proc.kill()
+    try:
+        with proc.stdout:
+            for line in proc.stdout:
+                if line.startswith("Model server started."):
+                    break
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            children = psutil.Process(proc.pid).children()
+            assert len(workers) == 5 and len(children) == 3  # a parent with 2 workers, 2 spawned workers
+            parent = next(c for c in children if "servetune.server.forkserver" in c.cmdline())
+            assert len(parent.children()) == 2
+    finally:
+        proc.kill()  # the point of the test, and no stray server if it failed before that
         proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"orphan workers: {alive}"

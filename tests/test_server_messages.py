@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servetune.api.types import InferRequest, Input
+from servetune.handlers.control import KSERVE_V1, Control
 from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.server.messages import Answer, Load, LoadError, Predict, Ready, Result, decode_message
 from servetune.server.protocol import ProtocolError, decode
@@ -17,13 +18,14 @@ def _round_trip(frame: bytes) -> object:
 def test_predict_carries_requests_inputs_and_cpu_settings() -> None:
     requests = [
         InferRequest("a", {"h": "1"}, [Input("body", "image/png", b"\x89PNG"), Input("x", None, b"")], 0.0),
-        InferRequest("b", {}, [Input("data", "text/plain", b"hi")], 0.0),
+        InferRequest("b", {}, [Input("data", "text/plain", b"hi")], 0.0, control=Control(KSERVE_V1, explain=True)),
+        InferRequest("c", {"describe": "True"}, [], 0.0, control=Control(describe=True)),
     ]
     back = _round_trip(Predict(requests, 4, 2, (0, 1)).encode())
     assert isinstance(back, Predict)
     assert (back.batch_size, back.num_threads, back.cpu_cores) == (4, 2, (0, 1))
-    assert [(r.request_id, r.headers, r.inputs) for r in back.requests] == [
-        (r.request_id, r.headers, r.inputs) for r in requests
+    assert [(r.request_id, r.headers, r.inputs, r.control) for r in back.requests] == [
+        (r.request_id, r.headers, r.inputs, r.control) for r in requests
     ]
 
 

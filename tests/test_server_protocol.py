@@ -131,6 +131,23 @@ def test_batcher_is_bounded_and_skips_abandoned_jobs() -> None:
     asyncio.run(main())
 
 
+def test_batcher_drops_a_job_whose_deadline_passed() -> None:
+    """A client's deadline (gRPC's) travels with its request: once past it nobody waits, so it never runs."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(batch_size=4, max_delay_s=0.0, capacity=10)
+        late, due, open_ended = _job(loop, "late"), _job(loop, "due"), _job(loop, "open")
+        late.request.deadline = time.monotonic() - 0.001
+        due.request.deadline = time.monotonic() + 60.0
+        for job in (late, due, open_ended):
+            batcher.put(job)
+        assert [j.request.request_id for j in await batcher.next_batch()] == ["due", "open"]
+        assert batcher.dropped_disconnected == 1 and late.future.cancelled()
+
+    asyncio.run(main())
+
+
 def test_batcher_cancel_loses_nothing() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -72,7 +72,8 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> TuneResult:
         "pipeline": ["a", "b"],
         "sla": {"mean_ms": SLA_MS},
         "load": {"duration": "3s", "warmup": "0.5s"},
-        "strategy": {"name": "adaptive", "remeasure": 1},
+        "strategy": {"name": "adaptive", "remeasure": 1, "finalists": 0},
+        "contention": {"retries": 0},
         "references": {"each model's solo best": {"a": {"workers": 2}, "b": {"workers": 2}}},
     }
     (folder / "app.yaml").write_text(yaml.safe_dump(study))
@@ -130,7 +131,8 @@ def test_a_mix_is_loaded_in_its_shares_and_its_capacity_found(tmp_path: Path) ->
         "mix": {"a": 1, "b": 2},
         "sla": {"p99_ms": 500},
         "load": {"mode": "capacity", "duration": "2s", "warmup": "0.5s", "steps": 3},
-        "strategy": {"name": "grid", "remeasure": 0},
+        "strategy": {"name": "grid", "remeasure": 0, "finalists": 0},
+        "contention": {"retries": 0},
     }
     (tmp_path / "app.yaml").write_text(yaml.safe_dump(study))
     result = tune(load_study(tmp_path / "app.yaml"), tmp_path / "out")

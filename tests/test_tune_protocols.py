@@ -50,7 +50,8 @@ def test_the_trials_call_the_model_over_the_protocol(model: Path, tmp_path: Path
         "sla": {"p99_ms": 2000},
         "space": {"workers": [1], "batch_size": [1, 4], "batch_delay_ms": [5]},
         "load": {"duration": "0.5s", "warmup": "0.2s"},
-        "strategy": {"name": "grid", "remeasure": 0},
+        "strategy": {"name": "grid", "remeasure": 0, "finalists": 0},
+        "contention": {"retries": 0},
     }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     result = tune(override(load_study(tmp_path / "study.yaml"), protocol=protocol), tmp_path / "out")
@@ -69,7 +70,7 @@ def test_the_trials_call_the_model_over_the_protocol(model: Path, tmp_path: Path
 def test_the_command_line_takes_the_protocol(model: Path, tmp_path: Path) -> None:
     study = {"model": "doubler", "archive": str(model), "input": str(model.parent.parent / "x.npy"),
              "space": {"workers": [1]}, "load": {"duration": "0.3s", "warmup": "0.1s"},
-             "strategy": {"name": "grid", "remeasure": 0}}  # fmt: skip
+             "strategy": {"name": "grid", "remeasure": 0, "finalists": 0}, "contention": {"retries": 0}}  # fmt: skip
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     done = subprocess.run(
         [sys.executable, "-m", "servetune", "tune", str(tmp_path / "study.yaml"), "--protocol", "v2-binary",

@@ -65,7 +65,8 @@ def tuned(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) ->
         "sla": {"p99_ms": SLA_MS},
         "space": SPACE,
         "load": {"duration": "1.5s", "warmup": "0.3s"},
-        "strategy": {"name": "grid", "remeasure": 1},
+        "strategy": {"name": "grid", "remeasure": 1, "finalists": 0},
+        "contention": {"retries": 0},
         # A replica holds one batch: with two (the default), Ray's router may queue a batch behind a busy replica
         # while the other idles, and this closed loop has exactly one batch per replica (2 x batch 1 measured
         # P90 482 ms, two model calls, instead of 240 ms).
@@ -134,7 +135,8 @@ def test_without_an_address_the_trials_run_on_a_private_local_instance(tmp_path:
         "backend": "ray",
         "space": {"workers": [1], "batch_size": [2], "batch_delay_ms": [20]},
         "load": {"duration": "1s", "warmup": "0.2s"},
-        "strategy": {"name": "grid", "remeasure": 0},
+        "strategy": {"name": "grid", "remeasure": 0, "finalists": 0},
+        "contention": {"retries": 0},
     }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     spawned: dict[int, str] = {}  # this test's descendants: the tuner's server and the Ray instance it starts

@@ -75,8 +75,10 @@ def test_cuda_is_skipped_with_a_note_when_the_host_has_none(files: Path) -> None
         ({"space": {"workers": [1], "cores": [2]}}, r"^space\.cores: unknown key"),
         ({"space": {"threads": ["auto", -1]}}, r"^space\.threads\[1\]=-1: expected a whole number >= 0"),
         ({"space": {"pinning": [True, "maybe"]}}, r"^space\.pinning\[1\]='maybe': expected true or false"),
-        ({"space": {"threads": [1, 2]}, "model_config": {"numThreads": 1}},
-         r"^space\.threads and model_config\.numThreads: set one"),
+        (
+            {"space": {"threads": [1, 2]}, "model_config": {"numThreads": 1}},
+            r"^space\.threads and model_config\.numThreads: set one",
+        ),
         ({"space": {"workers": [1, 0]}}, r"^space\.workers\[1\]=0: expected a whole number >= 1"),
         ({"space": {"batch_size": "8"}}, r"^space\.batch_size\[0\]='8': expected a whole number"),
         ({"space": {"optimizations": ["eager", "turbo"]}}, r"^space\.optimizations\[1\]='turbo': .*unknown"),
@@ -96,6 +98,16 @@ def test_cuda_is_skipped_with_a_note_when_the_host_has_none(files: Path) -> None
         ({"archive": "missing.mar"}, r"^archive='missing.mar': no such file"),
         ({"archive": "https://example.com/m.mar"}, r"^archive='https://example.com/m.mar': expected a local path"),
         ({"model": "bad name"}, r"^model='bad name': invalid model name"),
+        ({"sla": {"p99_ms": "fast"}}, r"^sla\.p99_ms='fast': expected a number"),
+        ({"sla": {"p99_ms": "0.5x"}}, r"^sla\.p99_ms='0.5x': expected a multiple > 1"),
+        ({"strategy": {"finalists": 1}}, r"^strategy\.finalists=1: expected 0 \(none\) or 2 and more"),
+        ({"strategy": {"rounds": 1}}, r"^strategy\.rounds=1: expected a whole number >= 2"),
+        ({"contention": {"max_other_cores": 0}}, r"^contention\.max_other_cores=0: expected a number > 0"),
+        ({"contention": {"retry": 1}}, r"^contention\.retry: unknown key"),
+        ({"load": {"trace": "missing.csv"}}, r"^load\.trace='missing.csv': no such file"),
+        ({"load": {"time_scale": 0.1}}, r"^load\.time_scale: only with a trace"),
+        ({"load": {"trace": "input.png", "concurrency": 2}}, r"^load\.concurrency: not with a trace"),
+        ({"load": {"trace": "input.png"}, "sla": None}, r"load=trace needs a latency SLA"),
     ],
 )
 def test_invalid_native_studies_name_the_key_and_value(files: Path, change: dict[str, Any], pattern: str) -> None:
@@ -198,6 +210,38 @@ def test_overrides_are_validated(files: Path) -> None:
     assert override(study, budget_s=60, strategy="grid").strategy.name == "grid"
     with pytest.raises(ConfigError, match=re.escape("strategy='best': expected one of adaptive, grid")):
         override(study, strategy="best")
+
+
+def test_trust_keys_are_read(files: Path) -> None:
+    (files / "day.csv").write_text("t_ms\n0\n10\n")
+    data = native(
+        sla={"p99_ms": "3x", "mean_ms": 40},
+        strategy={"name": "grid", "finalists": 3, "rounds": 4},
+        contention={"max_other_cores": 0.5, "retries": 0},
+        load={"trace": "day.csv", "trace_format": "csv", "trace_options": {"repeat": 2}, "time_scale": 0.5,
+              "capacity_fraction": 0.8, "duration": "5s"},
+    )  # fmt: skip
+    study = load_study(write(files, data), devices={"cpu"})
+    assert study.sla_scale == (("p99_ms", 3.0),) and study.sla.p99_ms is None and study.sla.mean_ms == 40
+    assert (study.strategy.finalists, study.strategy.rounds) == (3, 4)
+    assert (study.contention.max_other_cores, study.contention.retries) == (0.5, 0)
+    load = study.families[0].load
+    assert load.mode == "trace" and load.trace == (files / "day.csv").resolve() and load.trace_format == "csv"
+    assert load.trace_options == (("repeat", "2"),) and load.time_scale == 0.5 and load.capacity_fraction == 0.8
+    assert not load.early_stop  # a trace plays whole
+    # --sla-p99 as a multiple replaces the file's p99 (a limit in ms, or a multiple); ms replaces a multiple
+    fixed = override(study, sla_p99_ms=250.0)
+    assert fixed.sla.p99_ms == 250.0 and fixed.sla_scale == ()
+    assert override(fixed, sla_p99_ms="2x").sla_scale == (("p99_ms", 2.0),)
+    with pytest.raises(ConfigError, match=r"^--sla-p99='x2': expected milliseconds"):
+        override(study, sla_p99_ms="x2")
+    # The defaults leave the fingerprint of a study written before these keys existed unchanged.
+    plain = load_study(write(files, native()), devices={"cpu"})
+    assert plain.strategy.finalists == 2 and plain.contention.retries == 2 and plain.families[0].load.early_stop
+    assert (
+        plain.fingerprint()
+        != load_study(write(files, native(strategy={"finalists": 0})), devices={"cpu"}).fingerprint()
+    )
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("20m", 1200), ("1h30m", 5400), (2.5, 2.5)])

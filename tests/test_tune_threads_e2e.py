@@ -29,7 +29,8 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> TuneResult:
         # the last config pins 2 workers x all the CPUs: more cores than there are, refused by the server
         "space": {"workers": [1, 2], "batch_size": [1], "threads": sorted({1, CPUS}), "pinning": [False, True]},
         "load": {"duration": "0.5s", "warmup": "0.2s"},
-        "strategy": {"name": "grid", "remeasure": 0},
+        "strategy": {"name": "grid", "remeasure": 0, "finalists": 0},
+        "contention": {"retries": 0},
     }
     (folder / "study.yaml").write_text(yaml.safe_dump(study))
     return tune(load_study(folder / "study.yaml"), folder / "out")

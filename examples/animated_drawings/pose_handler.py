@@ -7,7 +7,8 @@ heatmap's argmax, shifted a quarter pixel towards its higher neighbour, is mappe
 A batch is one model call on the stacked crops; an undecodable image is answered 400 alone.
 
 model-config.yaml, section ``pose:``: ``padding`` and ``weights`` (a trained state_dict; without it the
-archive's seeded random weights are served).
+archive's seeded random weights are served). An archive whose serialized file is a ``.pt2`` (the estimator exported
+or AOTInductor-compiled by ``servetune optimize --write``) serves that package as it is.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class DrawnHumanoidPoseHandler(VisionHandler):
 
     def _load_model(self, model_dir: Path, model_file: str, model_pt_path: str | None) -> Any:
         self.settings = ad_common.read_settings(self.model_yaml_config, "pose", SETTINGS_DEFAULTS)
+        if model_pt_path is not None and model_pt_path.endswith(".pt2") and not self.settings["weights"]:
+            # an exported or AOTInductor-compiled estimator (servetune optimize --variants aoti --write): the
+            # package is the whole model, loaded by extension as the built-in handlers load it
+            self.weights = ad_common.weights_provenance(Path(model_pt_path), model_dir, configured=False)
+            return self._load_pt2(model_pt_path)
         path = ad_common.weights_file(self.settings, model_dir, model_pt_path)
         model = pose_model.DrawnHumanoidPoseEstimator()
         ad_common.load_weights(model, path)
@@ -99,6 +105,7 @@ class DrawnHumanoidPoseHandler(VisionHandler):
             "settings": {k: v for k, v in self.settings.items() if k != "weights"},
             "device": str(self.device),
             "optimization": getattr(self, "optimization", "eager"),
+            "loaded": self.loaded_model(),
             "output": 'per image: [{"keypoints": [[x, y, score] x 17]}] (COCO order, crop pixels)',
         }
 

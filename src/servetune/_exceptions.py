@@ -4,22 +4,38 @@ ServetuneError
  ├── ConfigError          a setting, study or CLI value is invalid (names the key and the value)
  ├── ArchiveError         a model archive is unreadable, unsafe or malformed
  ├── HandlerError         a handler cannot be loaded or broke its contract
+ │    ├── UnsupportedOutputError  (servetune.handlers.codec) it returned a value with no wire form; also a TypeError
+ │    └── EnvelopeMismatch        (servetune.handlers.envelopes) its answers cannot be shared out among the batch
  ├── ApiError             a request to an API failed: ``status``, ``type`` (TorchServe's exception name), ``message``,
  │                        ``headers``; one constructor per kind owns the type strings; ``body`` is the JSON answer
+ ├── TensorError          (servetune.tensor_limits) an OIP tensor, or the request or answer holding it, is invalid
+ │    │                   (answered 400); also a ValueError, as the codec's callers and handlers catch it
+ │    └── TensorLimitError     over one of the server's ``max_tensor_*`` limits (answered 413)
  ├── WorkerError          a worker process failed the frontend
  │    ├── WorkerLoadError      it could not load its model (the message is the handler's own)
  │    ├── WorkerDied           it exited, or its connection broke, while it was needed
  │    ├── WorkerTimeout        it did not answer in time
- │    └── ParentUnavailable    a model's parent process cannot fork its workers (gone, or a fork would be unsound:
- │                             ``hazard``); the worker is spawned instead
+ │    ├── ParentUnavailable    a model's parent process cannot fork its workers (gone, or a fork would be unsound:
+ │    │                        ``hazard``); the worker is spawned instead
+ │    └── ProtocolError        (servetune.server.protocol) a peer sent something that is not a frame or a message
+ ├── QueueFull            (servetune.server.batcher) a model's job queue is at capacity (internal: the model answers
+ │                        ``ApiError.queue_full``)
  ├── BenchError           a load run could not be carried out
  ├── ManagementError      (servetune.tune) a management API refused a call; ``status`` is its HTTP status
  └── OptimizeError        a model variant could not be made or used
       ├── VariantNotApplicable   (servetune.optimize) the variant cannot apply; ``reason`` says why
       └── ParityError            (servetune.optimize) its answers differ from eager; ``report`` has the figures
 
-Handler code raises TorchServe's own ``PredictionException`` (``servetune.handlers.util``, aliased as
-``ts.utils.util``): it belongs to the handler contract, not to this tree.
+Classes marked with a module live there, next to the code that raises them, and derive from this tree.
+
+Outside the tree, on purpose:
+
+- ``PredictionException`` and its ``BadInputError`` (``servetune.handlers.util``, aliased as ``ts.utils.util``) are
+  the handler contract's: handler code raises them (TorchServe's handlers import ``PredictionException`` from
+  ``ts.utils.util`` and construct it with TorchServe's signature); the worker answers them with their
+  ``error_code``. They are the handler's errors, not servetune's.
+- ``_Refused`` (``servetune.api.http_guard``, ``servetune.config.model_yaml``) are private signals that never leave
+  their module: each is turned into that module's answer (a 4xx, a ConfigError) where it is caught.
 """
 
 from __future__ import annotations

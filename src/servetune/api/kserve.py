@@ -4,83 +4,67 @@
 ``GET /v1/models`` (``{"models": [names]}``), ``GET /v1/models/{name}`` (``{"name", "ready"}``; 503 when not
 ready), ``POST /v1/models/{name}:predict`` (``{"instances": [...]}`` or ``{"inputs": [...]}`` -> ``{"predictions":
 [...]}``) and ``:explain`` (the handler's explanations; 501 from a handler that has none). v1 has no versions: the
-default version answers. The worker's ``kserve`` envelope hands the handler the instances
-(``servetune.handlers.envelopes``). A request for a model that is not ready is refused at once with 503, as
-KServe's model server refuses it. Errors: ``{"error": message}`` (``servetune.api.oip``).
+default version answers. A request for a model that is not ready is refused at once with 503, as KServe's model
+server refuses it. Errors: ``{"error": message}`` (``servetune.api.oip``).
+
+The body goes to the worker as it came (inflated from gzip/deflate): the worker's ``kserve`` envelope is the one
+place that reads it (strict JSON, an ``instances`` or ``inputs`` list: 400 otherwise) and hands the handler its
+instances (``servetune.handlers.envelopes``).
 """
 
 from __future__ import annotations
 
-import json
-import time
-
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
-from servetune._exceptions import ApiError
-from servetune.api.http import json_response
-from servetune.api.oip_rest import RestServed, failure_answer, inference_runner, read_inference_request
-from servetune.api.types import InferRequest, Input
-from servetune.handlers.envelopes import KSERVE_V1, PROTOCOL_HEADER
+from servetune.api import rest
+from servetune.api.gateway import INFERENCE, PROBE, Call, Caller, Gateway
+from servetune.api.oip_rest import kserve_answer, kserve_route
+from servetune.api.rest import json_response, read_body
+from servetune.api.types import Input
+from servetune.handlers.control import KSERVE_V1, Control
 
-_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", PROTOCOL_HEADER)
-
-
-def check_v1_body(body: bytes) -> None:
-    """A v1 request is a JSON object with an ``instances`` or ``inputs`` list (ApiError 400 otherwise)."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise ApiError.bad_request(f"the body is not valid JSON ({exc})") from None
-    rows = payload.get("instances", payload.get("inputs")) if isinstance(payload, dict) else None
-    if not isinstance(rows, list):
-        raise ApiError.bad_request('expected a JSON object {"instances": [...]} or {"inputs": [...]}')
+_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding")
 
 
-def kserve_routes(served: RestServed) -> list[BaseRoute]:
-    backend, config, metrics, readiness, authorize = served.parts()
-    failed = failure_answer(readiness, metrics)
-
-    async def alive(request: Request) -> Response:
-        authorize(request, True)
+def kserve_routes(gateway: Gateway) -> list[BaseRoute]:
+    async def alive(request: Request, who: Caller) -> Response:
         return json_response({"status": "alive"})
 
-    async def models(request: Request) -> Response:
-        authorize(request, True)
-        return json_response({"models": sorted({m.name for m in backend.models()})})
+    async def models(request: Request, who: Caller) -> Response:
+        return json_response({"models": gateway.model_names()})
 
-    async def model_ready(request: Request) -> Response:
-        authorize(request, True)
+    async def model_ready(request: Request, who: Caller) -> Response:
         name = request.path_params["model"]
-        try:
-            ready = await backend.ready(name, None)
-        except ApiError as exc:
-            return failed(exc, name)
+        ready = await gateway.model_ready(name, None)
         return json_response({"name": name, "ready": ready}, 200 if ready else 503)
 
-    async def v1_job(request: Request, request_id: str, explain: bool) -> InferRequest:
-        body, _ = await read_inference_request(request, config.max_request_size)
-        check_v1_body(body)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_HEADERS}
-        headers.update({PROTOCOL_HEADER: KSERVE_V1, "explain": "True" if explain else "False"})
-        return InferRequest(request_id, headers, [Input("body", "application/json", body)], time.monotonic())
+    async def run(request: Request, who: Caller, explain: bool) -> Response:
+        body = await read_body(request, gateway.config.max_request_size, encoded=True)
+        call = Call(
+            request.path_params["model"],
+            None,
+            [Input("body", "application/json", body)],
+            Control(KSERVE_V1, explain=explain),  # :predict and :explain never share a handler call
+            rest.request_headers(request, _DROPPED_HEADERS),
+            refuse_not_ready=True,
+        )
+        return kserve_answer(await rest.infer(gateway, request, who, call))
 
-    run = inference_runner(served, failed, v1_job)
+    async def predict(request: Request, who: Caller) -> Response:
+        return await run(request, who, False)
 
-    async def predict(request: Request) -> Response:
-        return await run(request, request.path_params["model"], None, False)
-
-    async def explain(request: Request) -> Response:
-        return await run(request, request.path_params["model"], None, True)
+    async def explain(request: Request, who: Caller) -> Response:
+        return await run(request, who, True)
 
     return [
-        Route("/", alive, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{model}:predict", predict, methods=["POST"]),
-        Route("/v1/models/{model}:explain", explain, methods=["POST"]),
-        Route("/v1/models/{model}", model_ready, methods=["GET"]),
+        kserve_route(gateway, "/", alive, "GET", PROBE),
+        kserve_route(gateway, "/v1/models", models, "GET", PROBE),
+        kserve_route(gateway, "/v1/models/{model}:predict", predict, "POST", INFERENCE),
+        kserve_route(gateway, "/v1/models/{model}:explain", explain, "POST", INFERENCE),
+        kserve_route(gateway, "/v1/models/{model}", model_ready, "GET", PROBE),
     ]
 
 
-__all__ = ["check_v1_body", "kserve_routes"]
+__all__ = ["kserve_routes"]

@@ -20,18 +20,18 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from servetune._exceptions import ApiError, WorkerError
 from servetune.api import params as p
 from servetune.api import sources
-from servetune.api.auth import TokenStore
 from servetune.api.describe import describe
-from servetune.api.http import exception_handlers, json_response
+from servetune.api.gateway import MANAGEMENT, OPEN, TOKEN_API, Caller, Gateway
 from servetune.api.openapi import management_spec
 from servetune.api.plan import RegisterParams, VersionPlan
+from servetune.api.rest import exception_handlers, json_response, route
 from servetune.api.types import Backend, InferRequest, Input, ModelRef, Reconfigure
 from servetune.config.server import ServerConfig
+from servetune.handlers.control import Control
 
 log = logging.getLogger("servetune.api")
 
@@ -179,9 +179,8 @@ class Management:
 
     async def customized_metadata(self, name: str, version: str) -> Any:
         """Ask the handler (``describe_handle``) through a describe request in a batch of its own, as TorchServe."""
-        request = InferRequest(
-            str(uuid.uuid4()), {"describe": "True"}, [Input("body", None, b"")], time.monotonic(), describe=True
-        )
+        body = [Input("body", None, b"")]
+        request = InferRequest(str(uuid.uuid4()), {}, body, time.monotonic(), control=Control(describe=True))
         try:
             result = await self.backend.infer(name, version, request)
         except ApiError as exc:
@@ -217,19 +216,16 @@ class Management:
             task.cancel()
 
 
-def create_management_app(management: Management, tokens: TokenStore | None) -> Starlette:
+def create_management_app(management: Management, gateway: Gateway) -> Starlette:
+    """TorchServe's management API over ``management``; ``gateway`` checks the keys (``servetune.api.gateway``)."""
     config = management.config
-
-    def authorize(request: Request) -> None:
-        if tokens is not None and not tokens.check("management", request.headers.get("authorization")):
-            raise ApiError.invalid_key()
+    tokens = gateway.tokens
 
     def model_api_enabled() -> None:
         if not config.enable_model_api:
             raise ApiError.method_not_allowed()
 
-    async def models(request: Request) -> Response:
-        authorize(request)
+    async def models(request: Request, who: Caller) -> Response:
         if request.method == "GET":
             return json_response(management.list_models(request.query_params))
         model_api_enabled()
@@ -237,8 +233,7 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
         status, message = await management.register(params)
         return json_response({"status": message}, status)
 
-    async def model(request: Request) -> Response:
-        authorize(request)
+    async def model(request: Request, who: Caller) -> Response:
         name = request.path_params["name"]
         version = request.path_params.get("version")
         if request.method == "GET":
@@ -268,32 +263,29 @@ def create_management_app(management: Management, tokens: TokenStore | None) -> 
             messages.append(scaled)
         return json_response({"status": "; ".join(messages)}, status)
 
-    async def set_default(request: Request) -> Response:
-        authorize(request)
+    async def set_default(request: Request, who: Caller) -> Response:
         name, version = request.path_params["name"], request.path_params["version"]
         return json_response({"status": await management.set_default(name, version)})
 
-    async def token(request: Request) -> Response:
+    async def token(request: Request, who: Caller) -> Response:
         if tokens is None:
             raise ApiError.bad_request("Token authorization is disabled")
-        if not tokens.check("API", request.headers.get("authorization")):
-            raise ApiError.invalid_key()
         kind = request.query_params.get("type", "")
         if kind not in ("management", "inference"):
             raise ApiError.bad_request(f"type must be management or inference, got {kind!r}")
         return json_response({kind: {"key": tokens.regenerate(kind)}})
 
-    async def api_description(request: Request) -> Response:
+    async def api_description(request: Request, who: Caller) -> Response:
         return json_response(management_spec())
 
     routes = [
-        Route("/", api_description, methods=["OPTIONS"]),
-        Route("/api-description", api_description, methods=["GET", "OPTIONS"]),
-        Route("/models", models, methods=["GET", "POST"]),
-        Route("/models/{name}", model, methods=["GET", "PUT", "DELETE"]),
-        Route("/models/{name}/{version}", model, methods=["GET", "PUT", "DELETE"]),
-        Route("/models/{name}/{version}/set-default", set_default, methods=["PUT"]),
-        Route("/token", token, methods=["GET"]),
+        route(gateway, "/", api_description, ["OPTIONS"], OPEN),
+        route(gateway, "/api-description", api_description, ["GET", "OPTIONS"], OPEN),
+        route(gateway, "/models", models, ["GET", "POST"], MANAGEMENT),
+        route(gateway, "/models/{name}", model, ["GET", "PUT", "DELETE"], MANAGEMENT),
+        route(gateway, "/models/{name}/{version}", model, ["GET", "PUT", "DELETE"], MANAGEMENT),
+        route(gateway, "/models/{name}/{version}/set-default", set_default, ["PUT"], MANAGEMENT),
+        route(gateway, "/token", token, ["GET"], TOKEN_API),
     ]
     return Starlette(routes=routes, exception_handlers=exception_handlers())
 

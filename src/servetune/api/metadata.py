@@ -8,28 +8,26 @@ model-config.yaml (checked when the version is registered: a bad declaration is 
       inputs:  [{name: input-0, datatype: FP32, shape: [-1, 1, 28, 28]}]   # -1: any size
       outputs: [{name: output-0, datatype: INT64, shape: [-1]}]
 
-Without ``inputs``/``outputs`` there, the handler is asked: its class (or module) may define ``model_metadata()``
-returning the same mapping; the question goes to a worker as a request in a batch of its own (header
-``x-servetune-protocol: oip-metadata``), so a version with no ready worker reports no tensors.
+Without ``inputs``/``outputs`` there, the handler's: its class (or module) may define ``model_metadata()`` returning
+the same mapping; a worker (native) or replica (Ray) reports it once, when it has loaded the model, and the backend
+answers from that report, so a version with no worker loaded yet reports no tensors.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from servetune._exceptions import ApiError, ConfigError
-from servetune.api.types import InferenceBackend, InferRequest, Input, ModelMetadata
-from servetune.handlers.envelopes import OIP_METADATA, PROTOCOL_HEADER
+from servetune._exceptions import ConfigError
+from servetune.api.types import ModelMetadata
 from servetune.tensors import TensorError, TensorMetadata
 
 if TYPE_CHECKING:
     from servetune.api.plan import VersionPlan
 
 METADATA_KEY = "oip"
+log = logging.getLogger("servetune.api")
 
 
 def declared_metadata(
@@ -66,26 +64,19 @@ def read_metadata(
     return platform, tensors["inputs"], tensors["outputs"]
 
 
-def metadata_request() -> InferRequest:
-    """The request that asks a worker for its handler's ``model_metadata()`` (a batch of its own)."""
-    headers = {PROTOCOL_HEADER: OIP_METADATA}
-    return InferRequest(str(uuid.uuid4()), headers, [Input("body", None, b"")], time.monotonic(), describe=True)
-
-
-async def model_metadata(backend: InferenceBackend, plan: VersionPlan, versions: list[str]) -> ModelMetadata:
-    """The version's metadata: model-config.yaml's ``oip`` key, else its handler's, else no tensors."""
+def model_metadata(plan: VersionPlan, versions: list[str], handler: Any = None) -> ModelMetadata:
+    """The version's metadata: model-config.yaml's ``oip`` key, else ``handler`` (what its handler's
+    ``model_metadata()`` answered, as a worker reported it; None: nothing), else no tensors."""
     declared = declared_metadata(plan.config.handler_config, source=plan.url)
     platform, inputs, outputs = declared or ("", (), ())
-    if not inputs and not outputs:
+    if not inputs and not outputs and handler is not None:
         try:
-            result = await backend.infer(plan.name, plan.version, metadata_request())
-            answer = json.loads(result.body) if result.status == 200 else None
-            if answer is not None:
-                found = read_metadata(answer, f"model {plan.name}: model_metadata()", ValueError)
-                platform, inputs, outputs = (platform or found[0]), found[1], found[2]
-        except (ApiError, ValueError):
-            pass  # no worker to ask, or nothing usable: no tensors
+            found = read_metadata(handler, f"model {plan.name}: model_metadata()", ValueError)
+        except ValueError as exc:  # the handler's own declaration is unusable: no tensors, and the reason logged
+            log.warning("%s", exc)
+        else:
+            platform, inputs, outputs = (platform or found[0]), found[1], found[2]
     return ModelMetadata(plan.name, tuple(sorted(versions)), platform, inputs, outputs)
 
 
-__all__ = ["METADATA_KEY", "declared_metadata", "metadata_request", "model_metadata", "read_metadata"]
+__all__ = ["METADATA_KEY", "declared_metadata", "model_metadata", "read_metadata"]

@@ -1,7 +1,8 @@
 """Prometheus metrics: TorchServe's names (exact) plus real histograms per model, and the metrics API (port 8082).
 
-The API layer observes every request (``observe_request``); a backend adds what only it knows: batch sizes
-(``observe_batch``) and gauges of its workers and queues (``register`` a collector, see :class:`ModelGauges`).
+The API's gateway observes every prediction (``observe_request``, ``observe_status``); a backend adds what only it
+knows: batch sizes (``observe_batch``, where a batch ends) and gauges of its workers and queues (``register`` a
+collector, see :class:`ModelGauges`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from servetune.api.http import exception_handlers, json_response
+from servetune.api.rest import exception_handlers, json_response
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
@@ -147,8 +148,10 @@ class ApiMetrics:
         return found
 
     def observe_request(
-        self, model: str, version: str, status: int, total_s: float, queue_s: float | None, handler_s: float | None
+        self, model: str, version: str, total_s: float, queue_s: float | None, handler_s: float | None
     ) -> None:
+        """A prediction the backend answered: its latency in the server, its queue and handler time (its status is
+        counted by :meth:`observe_status`)."""
         key = (model, version)
         latency, queue, handler, _ = self._children(key)
         self.ts.requests[key] = self.ts.requests.get(key, 0.0) + 1
@@ -159,19 +162,52 @@ class ApiMetrics:
         if handler_s is not None:
             handler.observe(handler_s)
         latency.observe(total_s)
-        self.observe_status(status)
 
     def observe_status(self, status: int) -> None:
+        """An answer to a prediction, counted in its status class (2xx, 4xx, 5xx)."""
         bucket = {2: "Requests2XX", 4: "Requests4XX", 5: "Requests5XX"}.get(status // 100)
         if bucket:
             self.ts.status_classes[bucket] += 1
 
     def observe_batch(self, model: str, version: str, size: int) -> None:
+        """A batch of ``size`` requests ran (where the batch ends: the native pool, a Ray replica)."""
         self._children((model, version))[3].observe(size)
+
+    def batch_observer(self, model: str, version: str) -> Callable[[int], None]:
+        """:meth:`observe_batch` for one model version, its histogram looked up once (a no-op when not observing)."""
+        if not self.observing:
+            return _ignore
+        observe: Callable[[int], None] = self._children((model, version))[3].observe
+        return observe
 
     def register(self, collector: object) -> None:
         """Add a backend's own collector (anything with ``collect()``), e.g. :class:`ModelGauges`."""
         self.registry.register(collector)  # type: ignore[arg-type]
+
+
+def _ignore(size: int) -> None:
+    """A batch observer of metrics that observe nothing."""
+
+
+class _Named:
+    """The metrics of a registry whose family name, or one of whose sample names, is in ``names`` (TorchServe's
+    ``name[]`` filter). prometheus_client's ``restricted_registry`` finds only collectors that describe their names up
+    front, which TorchServe's counters and the gauges (collected when scraped) do not."""
+
+    def __init__(self, registry: CollectorRegistry, names: list[str]) -> None:
+        self.registry = registry
+        self.names = frozenset(names)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if metric.name in self.names:
+                yield metric
+                continue
+            samples = [s for s in metric.samples if s.name in self.names]
+            if samples:
+                kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                kept.samples = samples
+                yield kept
 
 
 def create_metrics_app(metrics: ApiMetrics) -> Starlette:
@@ -179,7 +215,7 @@ def create_metrics_app(metrics: ApiMetrics) -> Starlette:
 
     async def metrics_endpoint(request: Request) -> Response:
         names = request.query_params.getlist("name[]")
-        registry = metrics.registry.restricted_registry(names) if names else metrics.registry
+        registry: Any = _Named(metrics.registry, names) if names else metrics.registry
         return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def api_description(request: Request) -> Response:

@@ -1,10 +1,10 @@
-"""The Open Inference Protocol (KServe v2) over any transport: an OIP request becomes one :class:`InferRequest` (one
+"""The Open Inference Protocol (KServe v2) over any transport: an OIP request becomes the gateway's :class:`Call` (one
 item of the model's dynamic batch, as a TorchServe request is), the worker's answer becomes an OIP response or error.
 
 REST (``servetune.api.oip_rest``) and gRPC both use these: parse the transport's request into a
-:class:`~servetune.tensors.InferenceRequest`, :func:`infer_request` -> ``Backend.infer`` -> :func:`infer_response`
-(or send the worker's REST body as it is). To the worker the request is the binary extension's body with every input
-in binary (``x-servetune-protocol: oip-v2``, ``Inference-Header-Content-Length``); the worker's envelope
+:class:`~servetune.tensors.InferenceRequest`, :func:`oip_call` -> the gateway -> :func:`infer_response` (or send the
+worker's REST body as it is). To the worker the request is the binary extension's body with every input
+in binary (its typed control's protocol ``oip-v2``, ``Inference-Header-Content-Length``); the worker's envelope
 (``servetune.handlers.envelopes``) answers the REST body the request asks for (``binary_data_output`` in the request
 parameters: every output in binary, what gRPC wants for ``raw_output_contents``).
 
@@ -16,56 +16,53 @@ explain the handler lacks), 413 a body over ``max_request_size``, 504 a handler 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from servetune._exceptions import ApiError
-from servetune.api.types import InferenceBackend, InferRequest, InferResult, Input
-from servetune.handlers.envelopes import OIP_V2, PROTOCOL_HEADER
+from servetune.api.gateway import Call
+from servetune.api.types import InferResult, Input
+from servetune.handlers.control import OIP_V2, Control
 from servetune.tensors import (
     HEADER_LENGTH,
     InferenceRequest,
     InferenceResponse,
     TensorError,
+    TensorLimitError,
     encode_request,
     parse_header_length,
     parse_response,
 )
 
 KEEP_STATUS_TYPES = ("ServiceUnavailableException", "RequestTimeoutException")  # the server's state, not the handler's
-_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", PROTOCOL_HEADER, HEADER_LENGTH.lower())
+_DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", HEADER_LENGTH.lower())
 
 
-def infer_request(
+def oip_call(
     request: InferenceRequest,
-    request_id: str,
-    headers: Mapping[str, str] | None = None,
+    model: str,
+    version: str | None,
+    headers: Mapping[str, str],
     *,
-    arrival: float | None = None,
-    is_disconnected: Callable[[], bool] | None = None,
     all_binary: bool = False,
     explain: bool = False,
-) -> InferRequest:
-    """The request a backend batches for ``request`` (``headers``: the transport's, passed to the handler).
-    ``all_binary``: answer every output in binary (gRPC)."""
+) -> Call:
+    """The gateway's call for ``request`` (``headers``: the transport's, passed to the handler), refused at once when
+    the model is not ready (KServe's rule). ``all_binary``: answer every output in binary (gRPC)."""
     if all_binary:
         request = replace(request, parameters={**request.parameters, "binary_data_output": True})
     body, header_length = encode_request(request, binary=True)
-    sent = {k: v for k, v in (headers or {}).items() if k.lower() not in _DROPPED_HEADERS}
-    sent[PROTOCOL_HEADER] = OIP_V2
+    sent = {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
     sent[HEADER_LENGTH.lower()] = str(header_length if header_length is not None else len(body))
-    sent["explain"] = "True" if explain else "False"
     inputs = [Input("body", "application/octet-stream", body)]
-    return InferRequest(request_id, sent, inputs, time.monotonic() if arrival is None else arrival, is_disconnected)
+    return Call(model, version, inputs, Control(OIP_V2, explain=explain), sent, refuse_not_ready=True)
 
 
-async def ensure_ready(backend: InferenceBackend, name: str, version: str | None) -> None:
-    """KServe's rule for an inference request: a model that is not ready (what its ready probe says: fewer than its
-    ``minWorkers`` ready, or crash-looping) is refused at once with 503 "Model with name ... is not ready." rather
-    than held until a worker comes up; ApiError 404 for an unknown model or version."""
-    if not await backend.ready(name, version):
-        raise ApiError.unavailable(f"Model with name {name} is not ready.")
+def tensor_error(exc: TensorError, hint: str = "") -> ApiError:
+    """A request's tensor error as the protocol's: 413 over a limit (gRPC RESOURCE_EXHAUSTED), else 400."""
+    if isinstance(exc, TensorLimitError):
+        return ApiError(str(exc), 413, "RequestEntityTooLargeException")
+    return ApiError.bad_request(f"{exc}{hint}")
 
 
 def answer_error(result: InferResult) -> ApiError:
@@ -92,8 +89,4 @@ def infer_response(result: InferResult) -> InferenceResponse:
         raise ApiError.internal(f"the worker's answer is not an OIP response: {exc}") from None
 
 
-def error_payload(error: ApiError) -> dict[str, str]:
-    return {"error": error.message}
-
-
-__all__ = ["KEEP_STATUS_TYPES", "answer_error", "error_payload", "infer_request", "infer_response"]
+__all__ = ["KEEP_STATUS_TYPES", "answer_error", "infer_response", "oip_call", "tensor_error"]

@@ -63,6 +63,7 @@ class VersionPlan:
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
     service_envelope: str | None = None  # TorchServe's service_envelope: requests on its own routes
+    tensor_limits: tuple[int, int, int] | None = None  # the server's max_tensor_* keys, for the worker's envelopes
 
     @property
     def batch_size(self) -> int:
@@ -111,6 +112,7 @@ class VersionPlan:
             limit_max_image_pixels=self.limit_max_image_pixels,
             decode_input_request=self.decode_input_request,
             service_envelope=self.service_envelope,
+            tensor_limits=self.tensor_limits,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -122,6 +124,8 @@ class VersionPlan:
     def from_json(cls, raw: dict[str, Any]) -> VersionPlan:
         values = dict(raw)
         values["config"] = ModelConfig.from_json(values["config"])
+        if values.get("tensor_limits") is not None:
+            values["tensor_limits"] = tuple(values["tensor_limits"])
         return cls(**values)
 
 
@@ -212,6 +216,7 @@ def plan_version(
         limit_max_image_pixels=config.limit_max_image_pixels,
         decode_input_request=config.decode_input_request,
         service_envelope=config.service_envelope,
+        tensor_limits=(config.max_tensor_elements, config.max_tensor_dims, config.max_empty_tensor_span),
     )
 
 

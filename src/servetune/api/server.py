@@ -26,11 +26,13 @@ import uvicorn
 
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.auth import TokenStore
-from servetune.api.http import without_trailing_slash
-from servetune.api.inference import create_inference_app
+from servetune.api.gateway import Gateway
+from servetune.api.http_guard import HeaderLimits, guarded_protocol
+from servetune.api.inference import inference_app
 from servetune.api.management import Management, create_management_app
 from servetune.api.metrics import create_metrics_app
 from servetune.api.plan import RegisterParams
+from servetune.api.rest import without_trailing_slash
 from servetune.api.types import Backend, Readiness
 from servetune.config.server import Address, ServerConfig
 from servetune.ready import ReadyInfo
@@ -101,6 +103,15 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
+def header_limits(config: ServerConfig) -> HeaderLimits:
+    return HeaderLimits(
+        config.max_header_line_size,
+        config.max_header_size,
+        config.max_header_count,
+        config.header_timeout_ms / 1000.0,
+    )
+
+
 def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -108,7 +119,7 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         access_log=False,
         lifespan="off",
         loop="asyncio",
-        http="servetune.api.keepalive:KeepAliveHttpToolsProtocol",  # ab -k: HTTP/1.0 keep-alive too
+        http=guarded_protocol(header_limits(config)),  # header limits; ab -k: HTTP/1.0 keep-alive too
         timeout_keep_alive=30,
         timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
         limit_concurrency=None,
@@ -126,6 +137,7 @@ class ApiServer:
         self.management = Management(backend, config)
         self.readiness = Readiness(starting=True)  # until the start-up models are loaded: /ping says Unhealthy
         self.tokens: TokenStore | None = None
+        self.gateway = Gateway(backend, config, readiness=self.readiness, metrics=backend.metrics)  # tokens: bind()
         self.urls: dict[str, str] = {}
         self._servers: list[EmbeddedUvicorn] = []
         self.grpc: GrpcServers | None = None
@@ -167,15 +179,14 @@ class ApiServer:
         config, backend = self.config, self.backend
         if config.token_auth:
             self.tokens = TokenStore(config.key_file, config.token_expiration_min)
+        # one gateway for every API and transport of this process (gRPC's too: bind_grpc)
+        self.gateway = Gateway(backend, config, tokens=self.tokens, readiness=self.readiness, metrics=backend.metrics)
         apps: list[tuple[str, Address, Any]] = []
         if backend.inference_url is None:
-            inference = create_inference_app(
-                backend, config, tokens=self.tokens, metrics=backend.metrics, readiness=self.readiness
-            )
-            apps.append(("inference", config.inference_address, inference))
+            apps.append(("inference", config.inference_address, inference_app(self.gateway)))
         else:
             self.urls["inference"] = backend.inference_url
-        apps.append(("management", config.management_address, create_management_app(self.management, self.tokens)))
+        apps.append(("management", config.management_address, create_management_app(self.management, self.gateway)))
         if config.enable_metrics_api and backend.metrics is not None:
             apps.append(("metrics", config.metrics_address, create_metrics_app(backend.metrics)))
         tasks = []
@@ -201,9 +212,7 @@ class ApiServer:
         stack (grpc, the compiled protos) is imported here, on a thread: the event loop meanwhile starts workers."""
         started = time.perf_counter()
         grpc_api = await asyncio.to_thread(importlib.import_module, "servetune.api.grpc")
-        GrpcServers, Served = grpc_api.GrpcServers, grpc_api.Served  # noqa: N806 - classes
-        served = Served(self.backend, self.config, self.management, self.readiness, self.tokens)
-        self.grpc = GrpcServers(served)
+        self.grpc = grpc_api.GrpcServers(self.gateway, self.management)
         for name, url in (await self.grpc.start()).items():
             self.urls[name] = url
             say(f"gRPC {name.removeprefix('grpc_').capitalize()} API bound to {url.removeprefix('grpc://')}")

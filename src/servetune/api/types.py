@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from servetune.handlers.control import DEFAULT, Control
 from servetune.handlers.service import InputParam
 
 if TYPE_CHECKING:  # annotations only: a worker process imports this module (messages) and needs no numpy
@@ -30,21 +31,26 @@ class InferRequest:
     """One inference request, as every protocol hands it to a backend: one item of the model's dynamic batch."""
 
     request_id: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # the client's (a handler sees them less the reserved names: ``handlers.control``)
     inputs: list[Input]
     arrival: float  # time.monotonic() when the server accepted it (the batcher's delay counts from here)
     is_disconnected: Callable[[], bool] | None = None  # the client went away: drop it rather than run it
-    describe: bool = False  # a describe request (``?customized=true``): runs in a batch of its own
+    # What the server decided from the route: protocol, explain, describe (``?customized=true``: a batch of its own).
+    # Never read from headers; requests of different control never share a handler call.
+    control: Control = DEFAULT
     # A streaming request (gRPC StreamPredictions): it runs in a batch of its own, and every intermediate answer the
     # handler sends (``send_intermediate_predict_response``) reaches this callback, on the event loop, before
     # ``Backend.infer`` returns the final answer. None: intermediate answers are dropped.
     on_partial: Callable[[InferResult], None] | None = None
+    # time.monotonic() after which the client no longer waits (gRPC's deadline; None: none): the native batcher drops
+    # the request rather than run it. Meaningful in this process only (a monotonic clock is per host).
+    deadline: float | None = None
 
     @property
     def solo(self) -> bool:
-        """Runs in a batch of its own: a describe request (the handler reads request 0's header), or a stream
-        (TorchServe forces batch size one for StreamPredictions)."""
-        return self.describe or self.on_partial is not None
+        """Runs in a batch of its own: a describe or metadata request (``Control.solo``), or a stream (TorchServe
+        forces batch size one for StreamPredictions)."""
+        return self.control.solo or self.on_partial is not None
 
 
 @dataclass(slots=True)

@@ -20,9 +20,11 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 from servetune._exceptions import ArchiveError
 from servetune.archive.manifest import MANIFEST_PATH, RUNTIMES, Manifest, ManifestModel, validate_model_name
+from servetune.archive.pt2 import inspect_pt2, is_pt2
 
 __all__ = ["ARCHIVER_VERSION", "ARCHIVE_FORMATS", "BUILTIN_HANDLERS", "archive_path", "create_archive"]
 
@@ -75,7 +77,10 @@ def create_archive(
     """Write a model archive as ``torch-model-archiver`` would, and return its path.
 
     ``handler`` is a built-in handler name (stored as is) or a handler file, optionally ``path:function``
-    (``.py`` is added when missing; the manifest keeps the basename). ``extra_files`` items may be files,
+    (``.py`` is added when missing; the manifest keeps the basename). A ``.pt2`` ``serialized_file`` (an
+    AOTInductor package or a saved ExportedProgram) takes no ``model_file``; the manifest's ``model.pt2`` says what
+    it is (format, device, torch version, dynamic dimensions), and a file that is not a readable ``.pt2`` is
+    refused. ``extra_files`` items may be files,
     directories (their contents are copied) or glob patterns; a single string is split on commas.
     """
     validate_model_name(model_name)
@@ -89,6 +94,16 @@ def create_archive(
     if (out.exists() or out.is_symlink()) and not force:
         raise ArchiveError(f"{out} already exists; use --force (force=True) to overwrite it")
 
+    extra: dict[str, Any] = {}
+    if serialized_file and is_pt2(serialized_file):
+        if model_file:
+            raise ArchiveError(
+                f"serialized_file {os.path.basename(serialized_file)!r} is a .pt2 (a whole exported or compiled "
+                "model): it takes no model_file; put Python files the handler imports in extra_files"
+            )
+        if not os.path.isfile(serialized_file):
+            raise ArchiveError(f"serialized_file: {str(serialized_file)!r} is not a file")
+        extra["pt2"] = inspect_pt2(serialized_file).to_json()  # what it is, for describe and for people
     model = ManifestModel(
         model_name=model_name,
         serialized_file=os.path.basename(serialized_file) if serialized_file else None,
@@ -97,6 +112,7 @@ def create_archive(
         model_version=version,
         requirements_file=os.path.basename(requirements_file) if requirements_file else None,
         config_file=os.path.basename(config_file) if config_file else None,
+        extra=extra,
     )
     manifest = Manifest.create(model, runtime=runtime, archiver_version=ARCHIVER_VERSION)
 

@@ -3,21 +3,21 @@
 Closed loop: ``concurrency`` clients, each sends its next request when the previous one is answered. The warm-up is
 a separate phase that drains before measurement starts.
 
-Open loop: requests leave on a schedule fixed in advance, whatever the server does. A request's latency runs from
-its *intended* send time, so time spent queued behind a slow server or a busy client counts (no coordinated
-omission). Timers wake up to 1 ms late (epoll's resolution), and an idle process may wait a few ms more for a CPU,
-so the scheduler wakes a little ahead (a quarter of the gap to the next send, between 1 and 5 ms) and a request that
-starts early is timed from its actual start. A request that starts more than ``LATE_MS`` after its intended time
-is late: the client, not the server, delayed it.
+Open loop: requests leave on a schedule fixed in advance (``BenchSpec.open_schedule``: a rate, a trace, a shape),
+whatever the server does. A request's latency runs from its *intended* send time, so time spent queued behind a slow
+server or a busy client counts (no coordinated omission). A precise clock (``ticker.py``: a timerfd on Linux) calls
+the scheduler back when the next send is due; it starts every send that is due then (never one before its time),
+and they leave on the loop's next iteration; each records when it actually left. A send more than ``LATE_MS`` after
+its intended time is late: the client, not the server, delayed it (``Fidelity`` sums it up: slip percentiles and
+per-second counts).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from servetune.bench.engines import RunHooks
 from servetune.bench.payload import Payload
@@ -25,22 +25,26 @@ from servetune.bench.pipeline import PipelineSender
 from servetune.bench.recording import LATE_MS, Recording
 from servetune.bench.sender import RequestSender, Sender
 from servetune.bench.spec import BenchSpec
+from servetune.bench.ticker import Pacer
 
-_EARLY_MIN, _EARLY_MAX = 0.001, 0.005
+CHECK_EVERY_S = 0.5  # how often RunHooks.enough is asked
 
 
-def arrivals(rate: float, arrival: str, seed: int = 0) -> Iterator[float]:
-    """Send offsets in seconds from the start: every 1/rate, or a Poisson process of that rate (seeded)."""
-    if arrival == "constant":
-        k = 0
-        while True:
-            yield k / rate
-            k += 1
-    rng = random.Random(seed)
-    offset = 0.0
-    while True:
-        yield offset
-        offset += rng.expovariate(rate)
+class _Stop:
+    """Set when the caller's ``enough`` says the measured part can end."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+
+async def _checker(hooks: RunHooks, rec: Recording, started: float, stop: _Stop) -> None:
+    if hooks.enough is None:
+        return
+    while not stop.set:
+        await asyncio.sleep(CHECK_EVERY_S)
+        elapsed = time.perf_counter() - started
+        if elapsed >= hooks.min_seconds and hooks.enough(rec, elapsed):
+            stop.set = True
 
 
 class AsyncEngine:
@@ -72,7 +76,13 @@ class AsyncEngine:
         await hooks.measure_start()
         hooks.progress.set_phase("measuring")
         rec = Recording()
-        await self._closed_phase(spec.clients, sender, hooks, rec, spec.requests, spec.duration, issued)
+        stop = _Stop()
+        checker = asyncio.ensure_future(_checker(hooks, rec, time.perf_counter(), stop))
+        try:
+            await self._closed_phase(spec.clients, sender, hooks, rec, spec.requests, spec.duration, issued, stop)
+        finally:
+            stop.set = True
+            checker.cancel()
         await hooks.measure_end()
         return rec
 
@@ -85,6 +95,7 @@ class AsyncEngine:
         requests: int | None,
         seconds: float | None,
         first: int,
+        stop: _Stop | None = None,
     ) -> int:
         """Run ``clients`` request loops; return the index of the next request (payloads keep cycling)."""
         progress = hooks.progress
@@ -94,11 +105,12 @@ class AsyncEngine:
         limit = first + requests if requests else math.inf
         issued = first
         last_end = t0
+        halt = stop or _Stop()
 
         async def client() -> None:
             nonlocal issued, last_end
             clock = time.perf_counter
-            while issued < limit and clock() < deadline:
+            while issued < limit and clock() < deadline and not halt.set:
                 i = issued
                 issued += 1
                 start = clock()
@@ -119,7 +131,9 @@ class AsyncEngine:
         return issued
 
     async def _open(self, spec: BenchSpec, sender: Sender, hooks: RunHooks) -> Recording:
-        assert spec.rate is not None
+        schedule = spec.open_schedule()
+        offsets: list[float] = schedule.offsets_s.tolist()
+        early = False
         rec = Recording()
         progress = hooks.progress
         progress.set_phase("warm-up" if spec.warmup_requests or spec.warmup_seconds else "measuring")
@@ -127,12 +141,13 @@ class AsyncEngine:
         tasks: set[asyncio.Task[None]] = set()
         in_flight = 0
         late_s = LATE_MS / 1e3
+        stop = _Stop()
+        checker: asyncio.Future[None] | None = None
         t0 = clock() + 0.002
         m0 = math.inf  # absolute intended time of the first measured send
         m_offset = 0.0  # and its offset in the schedule
         first_measured = -1
         last_end = t0
-        previous = t0
         cpu0 = time.thread_time()
 
         async def timed(i: int, intended: float, measured: bool) -> None:
@@ -154,31 +169,56 @@ class AsyncEngine:
             if measured:
                 last_end = max(last_end, end)
                 calls = tuple((c[0], c[1] + start - intended, *c[2:]) for c in calls)  # from the intended start
-                rec.add(intended - m0, (end - min(intended, start)) * 1e3, status, queue, handler, batch, calls)
+                rec.add(intended - m0, (end - min(intended, start)) * 1e3, status, queue, handler, batch, calls,
+                        start - m0)  # fmt: skip
 
-        for i, offset in enumerate(arrivals(spec.rate, spec.arrival, spec.seed)):
-            intended = t0 + offset
-            measured = i >= spec.warmup_requests and offset >= spec.warmup_seconds
-            if measured:
-                if first_measured < 0:
-                    first_measured, m0, m_offset = i, intended, offset
-                    progress.set_phase("measuring")
-                    cpu0 = time.thread_time()
-                    tasks.add(asyncio.ensure_future(hooks.measure_start()))
-                if (spec.requests and i - first_measured >= spec.requests) or (
-                    spec.duration and offset - m_offset >= spec.duration - 1e-9
-                ):
-                    break
-                rec.scheduled += 1
-            # Always yield, so that started tasks run before the next send is due.
-            early = min(_EARLY_MAX, max(_EARLY_MIN, (intended - previous) / 4))
-            previous = intended
-            await asyncio.sleep(max(0.0, intended - early - clock()))
-            task = asyncio.create_task(timed(i, intended, measured))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        await asyncio.gather(*tasks)
-        rec.window_s = max(last_end, m0 + (spec.duration or 0.0)) - m0 if rec.scheduled else 0.0
+        count = len(offsets)
+        cursor = 0
+
+        def fire(now: float) -> float | None:
+            """Start every send due by ``now``; return when the next one is due (None: the schedule is over)."""
+            nonlocal cursor, first_measured, m0, m_offset, cpu0, checker
+            i = cursor
+            while i < count and t0 + offsets[i] <= now:
+                if stop.set:
+                    return None
+                offset = offsets[i]
+                measured = i >= spec.warmup_requests and offset >= spec.warmup_seconds
+                if measured:
+                    if first_measured < 0:
+                        first_measured, m0, m_offset = i, t0 + offset, offset
+                        progress.set_phase("measuring")
+                        cpu0 = time.thread_time()
+                        tasks.add(asyncio.ensure_future(hooks.measure_start()))
+                        checker = asyncio.ensure_future(_checker(hooks, rec, now, stop))
+                    if (spec.requests and i - first_measured >= spec.requests) or (
+                        spec.duration and offset - m_offset >= spec.duration - 1e-9
+                    ):
+                        cursor = count
+                        return None
+                    rec.scheduled += 1
+                task = asyncio.create_task(timed(i, t0 + offset, measured))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                i += 1
+            cursor = i
+            return None if i >= count or stop.set else t0 + offsets[i]
+
+        pacer = Pacer()
+        try:
+            if count:
+                await pacer.run(t0 + offsets[0], fire)
+            early = stop.set
+            await asyncio.gather(*tasks)
+        finally:
+            pacer.close()
+            stop.set = True
+            if checker is not None:
+                checker.cancel()
+        # The measured window: to the end of the schedule's measured part (a trace may end after its last send), or
+        # to the last answer when that came later; to the last answer only, when the caller ended it early.
+        duration = 0.0 if early else spec.duration or max(0.0, schedule.duration_s - m_offset)
+        rec.window_s = max(last_end, m0 + duration) - m0 if rec.scheduled else 0.0
         rec.cpu_seconds = time.thread_time() - cpu0
         if rec.peak_in_flight >= spec.max_connections:
             rec.warnings.append(

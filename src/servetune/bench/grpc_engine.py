@@ -16,6 +16,7 @@ tenth of the HTTP engine's; the client CPU it reports counts gRPC's own threads,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -33,7 +34,8 @@ from servetune.bench.payload import Payload
 from servetune.bench.recording import CONNECTION, TIMEOUT, Recording
 from servetune.bench.sender import Sent
 from servetune.bench.spec import BenchSpec
-from servetune.protos import BATCH_SIZE, CONTENTS_FIELDS, HANDLER_MS, OIP, QUEUE_MS, TORCHSERVE_INFERENCE, methods
+from servetune.protos import CONTENTS_FIELDS, OIP, TORCHSERVE_INFERENCE, methods
+from servetune.timing import read_timing
 
 _PREDICTIONS = re.compile(r"^/predictions/([^/]+)(?:/([^/]+))?/?$")
 _V2_INFER = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer/?$")
@@ -101,13 +103,6 @@ def call_for(spec: BenchSpec, payloads: Sequence[Payload]) -> tuple[str, list[by
     return method.path, [r.SerializeToString() for r in requests]
 
 
-def _number(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return _NAN
-
-
 class _GrpcSender:
     """Sends request ``i`` over one of a few channels; returns (status, queue ms, handler ms, batch size, ())."""
 
@@ -138,9 +133,7 @@ class _GrpcSender:
             if code == grpc.StatusCode.UNAVAILABLE and "connect" in (exc.details() or "").lower():
                 return CONNECTION, _NAN, _NAN, 0, ()
             return _STATUS.get(code, 500), _NAN, _NAN, 0, ()
-        batch = _number(trailing.get(BATCH_SIZE))
-        size = 0 if math.isnan(batch) else int(batch)
-        return 200, _number(trailing.get(QUEUE_MS)), _number(trailing.get(HANDLER_MS)), size, ()
+        return 200, *read_timing(trailing), ()
 
     async def close(self) -> None:
         for channel in self.channels:
@@ -166,7 +159,7 @@ class GrpcEngine(AsyncEngine):
             cpu.append(_process_cpu())
             await hooks.measure_end()
 
-        timed = RunHooks(start, end, hooks.progress)
+        timed = dataclasses.replace(hooks, measure_start=start, measure_end=end)
         try:
             if spec.mode == "closed":
                 rec = await self._closed(spec, sender, timed)

@@ -23,7 +23,6 @@ Hooks run on a thread of the load generator (not on its event loop), and their r
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import io
 import json
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune._exceptions import ConfigError
+from servetune.registry import load_target
 
 Made = bytes | list[bytes] | None
 Hook = Callable[[bytes, bytes], Made]
@@ -104,10 +104,8 @@ def _is_box(value: Any) -> bool:
 
 def load_hook(where: str, name: str, folder: Path | None) -> Hook:
     """The hook ``name`` (built-in, or ``FILE.py:FUNCTION`` relative to ``folder``); ConfigError naming ``where``."""
-    target = HOOKS.get(name)
-    if target is not None:
-        module_name, _, attr = target.partition(":")
-        hook: Hook = getattr(importlib.import_module(module_name), attr)
+    if name in HOOKS:
+        hook: Hook = load_target(HOOKS[name])
         return hook
     file, sep, function = name.partition(":")
     if not sep or not file.endswith(".py") or not function.isidentifier():

@@ -22,8 +22,9 @@ from servetune.bench import hooks as builtin
 from servetune.bench.http11 import Http11Pool, encode_request
 from servetune.bench.payload import Payload, input_files, multipart
 from servetune.bench.recording import CONNECTION, HOOK, TIMEOUT, StageCall
-from servetune.bench.sender import Sent, timing
+from servetune.bench.sender import Sent
 from servetune.bench.spec import BenchSpec, StageSpec
+from servetune.timing import read_timing
 
 _NAN = float("nan")
 MEMO_SIZE = 512  # hook results remembered, per (input, stage, answer)
@@ -115,7 +116,7 @@ class PipelineSender:
         except OSError:
             status, headers, body = CONNECTION, {}, b""
         end = loop.time()
-        queue, handler, batch = timing(headers)
+        queue, handler, batch = read_timing(headers)
         return (stage.name, start - began, (end - start) * 1e3, status, queue, handler, batch), body
 
     async def _hook(

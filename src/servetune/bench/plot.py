@@ -1,4 +1,6 @@
-"""The latency plot (PNG): latency over the run, its histogram, and the percentile spectrum.
+"""The latency plot (PNG): latency over the run (with each window's P99 and the SLO's deadline when one was given),
+the load over the run (requests sent per second against the schedule), the latency histogram and the percentile
+spectrum.
 
 matplotlib is an optional extra (``servetune[plot]``) and is imported here only; the Agg canvas is used directly,
 so nothing touches pyplot's global state or needs a display.
@@ -33,19 +35,36 @@ def plot_latency(result: BenchResult, path: Path) -> Path | None:
     start = np.frombuffer(rec.start_s, dtype=np.float64)
     latency = np.frombuffer(rec.latency_ms, dtype=np.float64)
 
-    fig = Figure(figsize=(11, 8), layout="constrained")
+    fig = Figure(figsize=(11, 11), layout="constrained")
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(2, 2)
+    grid = fig.add_gridspec(3, 2, height_ratios=(3, 2, 3))
     over_time = fig.add_subplot(grid[0, :])
-    histogram, spectrum = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    load = fig.add_subplot(grid[1, :], sharex=over_time)
+    histogram, spectrum = fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1])
     fig.suptitle(f"{result.url} — {result.engine}, {result.mode} loop, {result.throughput_rps:.1f} req/s")
 
     sent_label = "intended send time (s)" if result.mode == "open" else "send time (s)"
     over_time.scatter(start[ok], latency[ok], s=2, alpha=0.5, label="succeeded")
     if (~ok).any():
         over_time.scatter(start[~ok], latency[~ok], s=4, color="tab:red", label="failed")
+    if result.slo is not None:
+        windows = result.slo.windows
+        over_time.step([w.start_s for w in windows] + [windows[-1].start_s + result.slo.window_s] if windows else [],
+                       [w.p99_ms or np.nan for w in windows] + [np.nan] if windows else [], where="post",
+                       color="tab:green", label=f"P99 of each {result.slo.window_s:g} s window")  # fmt: skip
+        over_time.axhline(result.slo.deadline_ms, color="tab:red", linestyle=":", label="SLO deadline")
     over_time.set(xlabel=sent_label, ylabel="latency (ms)", title="latency over the run")
     over_time.legend(loc="upper left")
+
+    sent = np.frombuffer(rec.sent_s, dtype=np.float64)
+    seconds = int(np.ceil(max(float(start.max()), float(sent.max()), result.duration_s))) if len(start) else 1
+    edges = np.arange(seconds + 1, dtype=np.float64)
+    load.stairs(np.histogram(sent, edges)[0], edges, label="sent")
+    if result.mode == "open":
+        load.stairs(np.histogram(start, edges)[0], edges, linestyle="--", label="scheduled")
+    load.stairs(np.histogram((start + latency / 1e3)[ok], edges)[0], edges, alpha=0.6, label="answered (ok)")
+    load.set(xlabel=sent_label, ylabel="requests per second", title="load over the run")
+    load.legend(loc="upper left")
 
     good = np.sort(latency[ok])
     histogram.hist(good, bins=min(100, max(10, len(good) // 20)), color="tab:blue")

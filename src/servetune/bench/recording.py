@@ -6,6 +6,7 @@ Engines only record; every figure is computed here, once, so the built-in engine
 from __future__ import annotations
 
 import dataclasses
+import math
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,9 +14,11 @@ from datetime import datetime
 
 import numpy as np
 
-from servetune.bench.result import BenchResult, ClientUsage, Distribution, LatencySummary, ServerBreakdown
+from servetune.bench.host import HostUsage
+from servetune.bench.result import BenchResult, ClientUsage, Distribution, Fidelity, LatencySummary, ServerBreakdown
+from servetune.bench.slo import slo_figures
 from servetune.bench.spec import BenchSpec
-from servetune.bench.stats import as_sorted, percentile, quantile_ci
+from servetune.bench.stats import as_sorted, percentile, quantile_ci, quantile_upper, rate_interval
 
 # Status codes for requests that got no HTTP answer; engines that cannot tell statuses apart record UNKNOWN.
 TIMEOUT = -1
@@ -35,9 +38,10 @@ LATE_LIMIT = 0.01
 
 @dataclass
 class Recording:
-    """The measured requests, one entry per request in each array, in send order.
+    """The measured requests, one entry per request in each array (in the order they were answered).
 
-    ``start_s`` is the (intended) send time relative to the start of measurement; ``status`` is the HTTP status,
+    ``start_s`` is the (intended) send time relative to the start of measurement, ``sent_s`` the actual one (the
+    same in the closed loop); ``status`` is the HTTP status,
     ``UNKNOWN`` or a negative failure code; ``queue_ms``/``handler_ms`` are NaN and ``batch_size`` 0 when the
     server did not report them. ``extra_errors`` holds failures an engine counted without per-request statuses.
     In a pipeline each entry is one run of the whole pipeline, and ``stages`` holds each stage's calls.
@@ -49,6 +53,7 @@ class Recording:
     queue_ms: array[float] = field(default_factory=lambda: array("d"))
     handler_ms: array[float] = field(default_factory=lambda: array("d"))
     batch_size: array[int] = field(default_factory=lambda: array("i"))
+    sent_s: array[float] = field(default_factory=lambda: array("d"))
     window_s: float = 0.0
     cpu_seconds: float = 0.0
     extra_errors: Counter[str] = field(default_factory=Counter)
@@ -69,8 +74,10 @@ class Recording:
         handler_ms: float,
         batch_size: int,
         calls: tuple[StageCall, ...] = (),
+        sent_s: float | None = None,
     ) -> None:
         self.start_s.append(start_s)
+        self.sent_s.append(start_s if sent_s is None else sent_s)
         self.latency_ms.append(latency_ms)
         self.status.append(status)
         self.queue_ms.append(queue_ms)
@@ -86,6 +93,7 @@ def summarise_latency(latency_ms: np.ndarray) -> LatencySummary | None:  # type:
     ordered = as_sorted(latency_ms)
     p99 = percentile(ordered, 99.0)
     ci = quantile_ci(ordered, 0.99)
+    upper = quantile_upper(ordered, 0.99)
     return LatencySummary(
         count=len(ordered),
         mean_ms=float(ordered.mean()),
@@ -99,6 +107,7 @@ def summarise_latency(latency_ms: np.ndarray) -> LatencySummary | None:  # type:
         at_or_above_p99=int(len(ordered) - np.searchsorted(ordered, p99, side="left")),
         p99_ci_low_ms=ci[0] if ci else None,
         p99_ci_high_ms=ci[1] if ci else None,
+        p99_upper_ms=upper,
     )
 
 
@@ -134,12 +143,37 @@ def header_breakdown(rec: Recording, ok: np.ndarray) -> ServerBreakdown | None: 
     )
 
 
+def fidelity(rec: Recording) -> Fidelity | None:
+    """How closely an open-loop run kept its schedule (None in the closed loop)."""
+    if not rec.scheduled or not len(rec.start_s):
+        return None
+    intended = np.frombuffer(rec.start_s, dtype=np.float64)
+    sent = np.frombuffer(rec.sent_s, dtype=np.float64)
+    slip = np.sort((sent - intended) * 1e3)
+    bins = int(math.floor(float(intended.max()))) + 1
+    expected = np.bincount(np.clip(np.floor(intended), 0, bins - 1).astype(np.int64), minlength=bins)
+    index = np.floor(sent).astype(np.int64)
+    actual = np.bincount(np.clip(index[index < bins], 0, bins - 1), minlength=bins)
+    compared = expected >= 10
+    deviation = np.where(compared, np.abs(actual - expected) / np.maximum(expected, 1), 0.0)
+    worst = int(np.argmax(deviation)) if compared.any() else 0
+    return Fidelity(
+        slip_p50_ms=round(percentile(slip, 50.0), 4),
+        slip_p99_ms=round(percentile(slip, 99.0), 4),
+        slip_max_ms=round(float(slip[-1]), 4),
+        second_deviation=round(float(deviation[worst]), 5) if compared.any() else 0.0,
+        worst_second=worst,
+        seconds=int(compared.sum()),
+    )
+
+
 def summarise(
     spec: BenchSpec,
     rec: Recording,
     started_at: datetime,
     metrics_breakdown: ServerBreakdown | None = None,
     engine_warnings: list[str] | None = None,
+    host: HostUsage | None = None,
 ) -> BenchResult:
     status = np.frombuffer(rec.status, dtype=np.int32)
     ok = ((status >= 200) & (status < 300)) | (status == UNKNOWN)
@@ -148,7 +182,15 @@ def summarise(
         errors[_FAILURE_NAMES.get(int(code), str(int(code)))] += int(count)
     # An engine without per-request statuses (ab) records every answer as UNKNOWN and counts failures apart.
     succeeded = max(0, int(ok.sum()) - sum(rec.extra_errors.values()))
-    latency = summarise_latency(np.frombuffer(rec.latency_ms, dtype=np.float64)[ok])
+    start = np.frombuffer(rec.start_s, dtype=np.float64)
+    latency_ms = np.frombuffer(rec.latency_ms, dtype=np.float64)
+    latency = summarise_latency(latency_ms[ok])
+    interval = (
+        rate_interval(start[ok] + latency_ms[ok] / 1e3, 0.0, rec.window_s) if succeeded == int(ok.sum()) else None
+    )
+    slo = None
+    if spec.slo is not None and not spec.slo.empty:
+        slo = slo_figures(spec.slo, start, latency_ms, ok, spec.window_s, rec.window_s)
     server = header_breakdown(rec, ok) or metrics_breakdown
     client = ClientUsage(
         cpu_seconds=rec.cpu_seconds,
@@ -168,6 +210,9 @@ def summarise(
             f"the client used {client.cpu_percent:.0f}% of one core: the load generator, not the server, "
             "may be the bottleneck"
         )
+    kept = fidelity(rec)
+    if host is not None and host.contended:
+        warnings.append(f"other processes used the machine while it was measured: {host.describe()}")
     if server is None and spec.metrics_url is None:
         warnings.append("no server breakdown: no X-Servetune-* headers in the responses and no metrics URL given")
     if not ok.any():
@@ -178,14 +223,14 @@ def summarise(
         stage = next(s for s in spec.stages if s.model == name)
         labels = {**spec.labels, "model": name}
         stage_spec = dataclasses.replace(spec, url=spec.stage_url(stage), stages=(), labels=labels)
-        stages[name] = summarise(stage_spec, calls, started_at)
+        stages[name] = summarise(dataclasses.replace(stage_spec, slo=None), calls, started_at)
     return BenchResult(
         engine=spec.engine,
         url=spec.url,
         mode=spec.mode,
         concurrency=spec.clients if spec.mode == "closed" else None,
-        rate=spec.rate,
-        arrival=spec.arrival if spec.mode == "open" else None,
+        rate=spec.rate if spec.schedule is None else round(rec.scheduled / rec.window_s, 3) if rec.window_s else None,
+        arrival=spec.arrival if spec.mode == "open" and spec.schedule is None else None,
         started_at=started_at.isoformat(timespec="seconds"),
         duration_s=rec.window_s,
         sent=len(status),
@@ -208,4 +253,10 @@ def summarise(
         latency_resolution_ms=rec.resolution_ms,
         stages=stages,
         samples=rec,
+        throughput_low_rps=None if interval is None else round(interval[0], 3),
+        throughput_high_rps=None if interval is None else round(interval[1], 3),
+        schedule=spec.schedule.name if spec.schedule is not None else None,
+        slo=slo,
+        fidelity=kept,
+        host=host,
     )

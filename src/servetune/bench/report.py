@@ -1,9 +1,10 @@
-"""Reports of one run: result.json, ab_report.csv (TorchServe's columns first), report.md, samples.csv, a plot,
-and the terminal summary."""
+"""Reports of one run: result.json, ab_report.csv (TorchServe's columns first), report.md, samples.csv,
+requests.jsonl, windows.csv (with an SLO), a plot, and the terminal summary."""
 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,21 @@ def csv_row(result: BenchResult) -> dict[str, Any]:
         "Server time mean": _dist(srv.total if srv else None, "mean_ms"),
         "Mean batch size": _r(srv.batch_size_mean) if srv and srv.batch_size_mean is not None else "",
         "Client CPU %": _r(result.client.cpu_percent, 1),
+        "Throughput CI low": _r(result.throughput_low_rps, 2),
+        "Throughput CI high": _r(result.throughput_high_rps, 2),
+        "TS latency P99 upper 95%": _r(lat.p99_upper_ms) if lat else "",
+        "Schedule": result.schedule or "",
+        "SLO": result.slo.slo.describe() if result.slo else "",
+        "Goodput": _r(result.slo.goodput_rps, 2) if result.slo else "",
+        "Attainment": _r(result.slo.attainment, 5) if result.slo else "",
+        "Attainment low 95%": _r(result.slo.attainment_low, 5) if result.slo else "",
+        "Windows inside SLO": f"{result.slo.windows_inside}/{len(result.slo.windows)}" if result.slo else "",
+        "Slip p50 ms": _r(result.fidelity.slip_p50_ms, 4) if result.fidelity else "",
+        "Slip p99 ms": _r(result.fidelity.slip_p99_ms, 4) if result.fidelity else "",
+        "Per-second deviation": _r(result.fidelity.second_deviation, 5) if result.fidelity else "",
+        "Other CPU cores": _r(result.host.others_cores) if result.host else "",
+        "Steal cores": _r(result.host.steal_cores) if result.host else "",
+        "Contended": ("yes" if result.contended else "no") if result.host else "",
         "Late sends": result.late_sends,
         "Unreliable": "; ".join(result.reasons),
         "Started": result.started_at,
@@ -90,10 +106,43 @@ def csv_row(result: BenchResult) -> dict[str, Any]:
     return row
 
 
+def describe_load(result: BenchResult) -> str:
+    if result.mode == "closed":
+        return f"concurrency {result.concurrency}"
+    if result.schedule:
+        return f"schedule {result.schedule}"
+    return f"{result.rate:g} req/s {result.arrival}"
+
+
+def figure_rows(result: BenchResult) -> list[tuple[str, str]]:
+    """The figures beyond latency that every report shows: throughput's interval, the SLO, fidelity, interference."""
+    rows = []
+    if result.throughput_low_rps is not None and result.throughput_high_rps is not None:
+        rows.append(("throughput 95% CI", f"{result.throughput_low_rps:.2f}–{result.throughput_high_rps:.2f} req/s"))
+    lat = result.latency
+    if lat is not None:
+        upper = f"{lat.p99_upper_ms:.2f} ms" if lat.p99_upper_ms is not None else "too few samples (< 299)"
+        rows.append(("P99 upper bound (95%)", upper))
+    if result.slo is not None:
+        slo = result.slo
+        rows += [
+            ("SLO", f"{slo.slo.describe()} (a request is good within {slo.deadline_ms:g} ms)"),
+            ("goodput", f"{slo.goodput_rps:.2f} req/s ({slo.good} good of {slo.sent})"),
+            ("attainment", f"{100 * slo.attainment:.2f}% (95% lower bound {100 * slo.attainment_low:.2f}%)"),
+            (f"{slo.window_s:g} s windows inside the SLO", f"{slo.windows_inside} of {len(slo.windows)}"
+             + (f" ({100 * slo.windows_share:.0f}%)" if slo.windows else "")),
+        ]  # fmt: skip
+    if result.fidelity is not None:
+        rows.append(("schedule kept", result.fidelity.describe()))
+    if result.host is not None:
+        rows.append(("machine CPU (cores)", result.host.describe()))
+    return rows
+
+
 def markdown(result: BenchResult) -> str:
     """A short human report."""
     lat, srv = result.latency, result.server
-    load = f"concurrency {result.concurrency}" if result.mode == "closed" else f"{result.rate:g} req/s {result.arrival}"
+    load = describe_load(result)
     lines = [
         f"# Load run: {result.url}",
         "",
@@ -128,6 +177,7 @@ def markdown(result: BenchResult) -> str:
         if srv.batch_size_mean is not None:
             lines.append(f"| mean batch size | {srv.batch_size_mean:.2f} |")
     lines.append(f"| client CPU | {result.client.cpu_percent:.0f}% of one core |")
+    lines += [f"| {name} | {value} |" for name, value in figure_rows(result)]
     if result.mode == "open":
         late = f"{result.late_sends} of {result.sent} (worst {result.max_late_ms:.1f} ms)"
         lines.append(f"| late sends (> 1 ms) | {late} |")
@@ -196,8 +246,44 @@ def write_samples(result: BenchResult, path: Path) -> None:
             )
 
 
+def write_requests(result: BenchResult, path: Path) -> None:
+    """``requests.jsonl``: one line per measured request, by intended send time: ``intended_s`` and ``sent_s`` (from
+    the start of the measured part), ``latency_ms`` (from the intended time in the open loop), ``status``, and the
+    server's ``queue_ms``, ``handler_ms``, ``batch_size`` (null when it did not say)."""
+    rec = result.samples
+    if rec is None:
+        return
+    order = np.argsort(np.frombuffer(rec.start_s, dtype=np.float64), kind="stable")
+    with path.open("w") as handle:
+        for i in order.tolist():
+            queue, handler, batch = rec.queue_ms[i], rec.handler_ms[i], rec.batch_size[i]
+            line = {
+                "intended_s": round(rec.start_s[i], 6),
+                "sent_s": round(rec.sent_s[i], 6),
+                "latency_ms": round(rec.latency_ms[i], 3),
+                "status": rec.status[i],
+                "queue_ms": None if queue != queue else round(queue, 3),
+                "handler_ms": None if handler != handler else round(handler, 3),
+                "batch_size": batch or None,
+            }
+            handle.write(json.dumps(line) + "\n")
+
+
+def write_windows(result: BenchResult, path: Path) -> None:
+    """``windows.csv``: each window of the run against the SLO."""
+    if result.slo is None:
+        return
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("start_s", "sent", "succeeded", "good", "p99_ms", "inside_slo"))
+        for w in result.slo.windows:
+            p99 = "" if w.p99_ms is None else f"{w.p99_ms:.3f}"
+            writer.writerow((f"{w.start_s:g}", w.sent, w.succeeded, w.good, p99, "yes" if w.inside else "no"))
+
+
 def write_report(result: BenchResult, out_dir: Path) -> list[Path]:
-    """Write result.json, ab_report.csv, report.md, samples.csv and latency.png (when matplotlib is installed)."""
+    """Write result.json, ab_report.csv, report.md, samples.csv, requests.jsonl, windows.csv (with an SLO) and
+    latency.png (when matplotlib is installed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "result.json", out_dir / "ab_report.csv", out_dir / "report.md"]
     written[0].write_text(result.to_json() + "\n")
@@ -210,9 +296,13 @@ def write_report(result: BenchResult, out_dir: Path) -> list[Path]:
         writer.writeheader()
         writer.writerows(rows)
     written[2].write_text(markdown(result))
+    if result.slo is not None:
+        write_windows(result, out_dir / "windows.csv")
+        written.append(out_dir / "windows.csv")
     if result.samples is not None:
         write_samples(result, out_dir / "samples.csv")
-        written.append(out_dir / "samples.csv")
+        write_requests(result, out_dir / "requests.jsonl")
+        written += [out_dir / "samples.csv", out_dir / "requests.jsonl"]
         from servetune.bench.plot import plot_latency
 
         png = plot_latency(result, out_dir / "latency.png")
@@ -228,7 +318,7 @@ def print_summary(result: BenchResult, console: Any = None) -> None:
 
     console = console or Console()
     lat, srv = result.latency, result.server
-    load = f"concurrency {result.concurrency}" if result.mode == "closed" else f"{result.rate:g} req/s {result.arrival}"
+    load = describe_load(result)
     table = Table(title=result.url, show_header=False)
     table.add_column("measure", style="bold")
     table.add_column("value")
@@ -253,6 +343,8 @@ def print_summary(result: BenchResult, console: Any = None) -> None:
         if srv.batch_size_mean is not None:
             table.add_row("mean batch size", f"{srv.batch_size_mean:.2f}")
     table.add_row("client CPU", f"{result.client.cpu_percent:.0f}% of one core")
+    for name, value in figure_rows(result):
+        table.add_row(name, value)
     if result.mode == "open":
         late = f"{result.late_sends} of {result.sent} ({100 * result.late_sends / max(1, result.sent):.1f}%)"
         table.add_row("late sends (> 1 ms)", f"{late}, worst {result.max_late_ms:.1f} ms")

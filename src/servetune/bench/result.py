@@ -6,6 +6,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
+from servetune.bench.host import HostUsage
+from servetune.bench.slo import Slo, SloFigures, Window
+
 if TYPE_CHECKING:
     from servetune.bench.recording import Recording
 
@@ -18,7 +21,8 @@ class LatencySummary:
     """Latency of the measured successful requests, in ms, from the exact sample set.
 
     ``at_or_above_p99`` counts the samples >= P99; ``p99_ci_*`` is a distribution-free confidence interval for the
-    true P99 (``None`` when there are too few samples for one: at 95% that needs about 370).
+    true P99 (``None`` when there are too few samples for one: at 95% that needs about 370); ``p99_upper_ms`` a
+    one-sided upper bound at the same confidence (from 299 samples): the true P99 is below it.
     """
 
     count: int
@@ -34,6 +38,7 @@ class LatencySummary:
     p99_ci_low_ms: float | None = None
     p99_ci_high_ms: float | None = None
     ci_confidence: float = 0.95
+    p99_upper_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,27 @@ class ClientUsage:
 
 
 @dataclass(frozen=True)
+class Fidelity:
+    """How closely an open-loop run kept its schedule. ``slip`` is each measured send's actual time minus its
+    intended one (ms; negative: it left early); ``second_deviation`` the largest relative difference between the
+    sends made and the sends scheduled in one second of the run (seconds with at least 10 scheduled), at
+    ``worst_second``."""
+
+    slip_p50_ms: float
+    slip_p99_ms: float
+    slip_max_ms: float
+    second_deviation: float
+    worst_second: int
+    seconds: int
+
+    def describe(self) -> str:
+        return (
+            f"slip p50 {self.slip_p50_ms:.3f} ms, p99 {self.slip_p99_ms:.3f} ms, max {self.slip_max_ms:.1f} ms; "
+            f"per-second sends within {100 * self.second_deviation:.2f}% of the schedule over {self.seconds} s"
+        )
+
+
+@dataclass(frozen=True)
 class BenchResult:
     """Everything one run measured. Counts and figures cover the measured requests only (never the warm-up)."""
 
@@ -109,12 +135,24 @@ class BenchResult:
     latency_resolution_ms: float | None = None
     # A pipeline: each stage's figures (its model's calls), by model name; the figures above are end to end.
     stages: dict[str, BenchResult] = field(default_factory=dict)
+    # 95% interval for the throughput, from sub-windows of the run (None: too short or too few requests)
+    throughput_low_rps: float | None = None
+    throughput_high_rps: float | None = None
+    schedule: str | None = None  # the open loop's schedule (a trace, a shape, a rate)
+    slo: SloFigures | None = None  # goodput, attainment and windows, when an SLO was given
+    fidelity: Fidelity | None = None  # open loop: how closely the schedule was kept
+    host: HostUsage | None = None  # the machine's CPU while measuring: interference
     # The per-request samples behind the figures (for plots and samples.csv); kept in memory, not serialised.
     samples: Recording | None = field(default=None, repr=False, compare=False)
 
     @property
     def failed(self) -> int:
         return sum(self.errors.values())
+
+    @property
+    def contended(self) -> bool:
+        """Other processes used the machine beyond the threshold while this run was measured."""
+        return self.host is not None and self.host.contended
 
     @property
     def error_rate(self) -> float:
@@ -135,6 +173,11 @@ class BenchResult:
                 data[f.name] = value
         data["error_rate"] = self.error_rate
         data["client"]["bottleneck"] = self.client.bottleneck
+        if self.host is not None:
+            data["host"]["contended"] = self.host.contended
+        if self.slo is not None:
+            data["slo"]["windows_inside"] = self.slo.windows_inside
+            data["slo"]["windows_share"] = self.slo.windows_share
         return data
 
     def to_json(self) -> str:
@@ -156,6 +199,19 @@ class BenchResult:
                     server[key] = Distribution(**server[key])
             data["server"] = ServerBreakdown(**server)
         data["stages"] = {name: cls.from_dict(stage) for name, stage in (data.get("stages") or {}).items()}
+        if data.get("fidelity") is not None:
+            data["fidelity"] = Fidelity(**data["fidelity"])
+        if data.get("host") is not None:
+            host = dict(data["host"])
+            host.pop("contended", None)
+            data["host"] = HostUsage(**host)
+        if data.get("slo") is not None:
+            slo = dict(data["slo"])
+            slo.pop("windows_inside", None)
+            slo.pop("windows_share", None)
+            slo["slo"] = Slo(**slo["slo"])
+            slo["windows"] = [Window(**w) for w in slo.get("windows", ())]
+            data["slo"] = SloFigures(**slo)
         return cls(**data)
 
     @classmethod

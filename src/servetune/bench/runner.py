@@ -13,6 +13,7 @@ import aiohttp
 
 from servetune._exceptions import BenchError
 from servetune.bench.engines import RunHooks, get_engine
+from servetune.bench.host import HostSampler, HostUsage, listeners
 from servetune.bench.metrics import Samples, metrics_breakdown, scrape
 from servetune.bench.payload import load_payloads
 from servetune.bench.progress import Progress
@@ -45,18 +46,30 @@ async def describe_model(management_url: str, model: str, token: str | None = No
     return labels
 
 
-async def run_bench_async(spec: BenchSpec, progress: Progress | None = None) -> BenchResult:
+async def run_bench_async(
+    spec: BenchSpec,
+    progress: Progress | None = None,
+    enough: Callable[[Recording, float], bool] | None = None,
+    min_seconds: float = 0.0,
+) -> BenchResult:
     """Run one load run on the current event loop. Anything else busy on this loop delays the client: an open-loop
-    run notices (late sends) and marks its result unreliable."""
+    run notices (late sends) and marks its result unreliable. ``enough``/``min_seconds``: end the measured part
+    early once the figures suffice (``RunHooks``)."""
     payloads = load_payloads(spec.input, spec.content_type, spec.form_field)
     engine = get_engine(spec.engine)
     if spec.management_url and spec.model:
         described = await describe_model(spec.management_url, spec.model, spec.management_token)
         spec = dataclasses.replace(spec, labels={**described, **spec.labels})
     scrapes: dict[str, Samples] = {}
+    sampler = HostSampler(spec.server_pids or listeners(spec.url), spec.contended_cores)
+    host: list[HostUsage | None] = [None]
 
     def scraper(key: str) -> Callable[[], Awaitable[None]]:
         async def take() -> None:
+            if key == "before":
+                sampler.start()
+            else:
+                host[0] = sampler.stop()
             if spec.metrics_url:
                 scrapes[key] = await scrape(spec.metrics_url)
 
@@ -65,20 +78,27 @@ async def run_bench_async(spec: BenchSpec, progress: Progress | None = None) -> 
     progress = progress or Progress()
     started = datetime.now(timezone.utc)
     async with progress:
-        recording: Recording = await engine.run(
-            spec, payloads, RunHooks(measure_start=scraper("before"), measure_end=scraper("after"), progress=progress)
-        )
+        hooks = RunHooks(measure_start=scraper("before"), measure_end=scraper("after"), progress=progress,
+                         enough=enough, min_seconds=min_seconds)  # fmt: skip
+        recording: Recording = await engine.run(spec, payloads, hooks)
     breakdown = None
     if "before" in scrapes and "after" in scrapes:
         breakdown = metrics_breakdown(scrapes["before"], scrapes["after"], spec.model)
-    return summarise(spec, recording, started, breakdown)
+    return summarise(spec, recording, started, breakdown, host=host[0])
 
 
-def run_bench(spec: BenchSpec, progress: bool = False) -> BenchResult:
+def run_bench(
+    spec: BenchSpec,
+    progress: bool = False,
+    enough: Callable[[Recording, float], bool] | None = None,
+    min_seconds: float = 0.0,
+) -> BenchResult:
     """Run one load run and wait for it (a fresh event loop, uvloop when installed, on a thread of its own when
-    the caller is inside an event loop already). ``progress`` shows a live line on stderr if it is a terminal."""
-    live = Progress(enabled=progress, requests=spec.requests, seconds=spec.duration)
-    return _run_on_fresh_loop(lambda: run_bench_async(spec, live))
+    the caller is inside an event loop already). ``progress`` shows a live line on stderr if it is a terminal;
+    ``enough``/``min_seconds`` end the measured part early once the figures suffice (``RunHooks``)."""
+    seconds = spec.duration or (spec.schedule.duration_s if spec.schedule is not None else None)
+    live = Progress(enabled=progress, requests=spec.requests, seconds=seconds)
+    return _run_on_fresh_loop(lambda: run_bench_async(spec, live, enough, min_seconds))
 
 
 def run_together(specs: Sequence[BenchSpec]) -> list[BenchResult]:

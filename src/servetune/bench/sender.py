@@ -1,5 +1,5 @@
 """What the built-in engine's loops send: one request (:class:`RequestSender`) or a whole pipeline
-(``pipeline.PipelineSender``), behind one small contract, and how servetune's timing headers are read."""
+(``pipeline.PipelineSender``), behind one small contract."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from servetune.bench.http11 import Http11Pool, encode_request
 from servetune.bench.payload import Payload
 from servetune.bench.recording import CONNECTION, TIMEOUT, StageCall
 from servetune.bench.spec import BenchSpec
+from servetune.timing import read_timing
 
-QUEUE_HEADER = "x-servetune-queue-ms"
-HANDLER_HEADER = "x-servetune-handler-ms"
-BATCH_HEADER = "x-servetune-batch-size"
 _NAN = math.nan
 
 # What one send returns: status, queue ms, handler ms, batch size, and a pipeline's stage calls
@@ -54,21 +52,7 @@ class RequestSender:
             return TIMEOUT, _NAN, _NAN, 0, ()
         except OSError:
             return CONNECTION, _NAN, _NAN, 0, ()
-        return (status, *timing(headers), ())
+        return (status, *read_timing(headers), ())
 
     def close(self) -> None:
         self.pool.close()
-
-
-def timing(headers: dict[str, str]) -> tuple[float, float, int]:
-    """(queue ms, handler ms, batch size) from servetune's response headers (NaN, NaN, 0 when absent)."""
-    batch = _number(headers.get(BATCH_HEADER))
-    size = 0 if math.isnan(batch) else int(batch)
-    return _number(headers.get(QUEUE_HEADER)), _number(headers.get(HANDLER_HEADER)), size
-
-
-def _number(value: str | None) -> float:
-    try:
-        return float(value) if value is not None else _NAN
-    except ValueError:
-        return _NAN

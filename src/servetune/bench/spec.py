@@ -10,8 +10,11 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from servetune._exceptions import ConfigError
+from servetune.bench.host import CONTENDED_CORES
+from servetune.bench.schedule import Schedule
+from servetune.bench.slo import Slo
 
-Arrival = Literal["constant", "poisson"]
+Arrival = Literal["constant", "poisson", "gamma"]
 Mode = Literal["closed", "open"]
 
 _WARMUP = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|sec|seconds?|r|req|requests?)?\s*$", re.IGNORECASE)
@@ -38,8 +41,15 @@ class BenchSpec:
 
     Closed loop (``rate is None``): ``concurrency`` clients (default 1) each send a request as soon as their previous
     one is answered, for ``requests`` requests and/or ``duration`` seconds, whichever ends first.
-    Open loop (``rate`` set): requests leave on a fixed schedule (``arrival`` constant or Poisson) for ``duration``
+    Open loop (``rate`` set): requests leave on a fixed schedule (``arrival`` constant, Poisson, or Gamma with
+    coefficient of variation ``cv``, seeded by ``seed``) for ``duration``
     seconds and/or ``requests`` requests; latency is timed from each request's intended send time.
+    Open loop on a ``schedule`` (a trace, a synthetic shape: ``schedule.py``): its sends, cut to ``duration`` and/or
+    ``requests`` measured ones when given.
+    ``slo``: goodput, attainment and windows of ``window_s`` seconds are reported against it (``slo.py``).
+    ``server_pids``: the server's processes (with their children), so that their CPU is not counted as
+    interference (default: the processes listening on the URL's port, when it is on this machine);
+    ``contended_cores``: the other processes' CPU (cores) from which a run is marked contended (``host.py``).
     Warm-up (``warmup_requests`` or ``warmup_seconds``) runs first and is excluded from every figure.
     A pipeline (``stages``): each request of the load is the app's whole call graph, one stage after the other;
     ``url`` is then the server's inference address, the result's figures are end to end (from the intended start
@@ -55,6 +65,7 @@ class BenchSpec:
     concurrency: int | None = None
     rate: float | None = None
     arrival: Arrival = "constant"
+    cv: float = 1.0  # gamma arrivals: the coefficient of variation of the gaps (1: Poisson; 2: burstier)
     requests: int | None = None
     duration: float | None = None
     warmup_requests: int = 0
@@ -69,6 +80,11 @@ class BenchSpec:
     labels: dict[str, str] = field(default_factory=dict)
     stages: tuple[StageSpec, ...] = ()
     hook_dir: Path | None = None
+    schedule: Schedule | None = None
+    slo: Slo | None = None
+    window_s: float = 10.0
+    server_pids: tuple[int, ...] = ()
+    contended_cores: float = CONTENDED_CORES
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -80,16 +96,24 @@ class BenchSpec:
                 raise ConfigError(f"{key}={value!r}: expected http://HOST:PORT")
         if self.concurrency is not None and self.rate is not None:
             raise ConfigError(f"concurrency={self.concurrency} and rate={self.rate}: give one (closed or open loop)")
+        if self.schedule is not None and (self.rate is not None or self.concurrency is not None):
+            given = "rate" if self.rate is not None else "concurrency"
+            raise ConfigError(f"schedule and {given} are both set: a schedule (a trace) says when each request leaves")
+        if self.schedule is not None and not len(self.schedule):
+            raise ConfigError(f"schedule {self.schedule.name!r}: it sends no request")
+        _positive("window_s", self.window_s)
+        _positive("contended_cores", self.contended_cores)
         _positive("concurrency", self.concurrency, integer=True)
         _positive("rate", self.rate)
         _positive("requests", self.requests, integer=True)
         _positive("duration", self.duration)
         _positive("timeout", self.timeout)
         _positive("max_connections", self.max_connections, integer=True)
-        if self.requests is None and self.duration is None:
+        if self.requests is None and self.duration is None and self.schedule is None:
             raise ConfigError("requests=None and duration=None: give a number of requests or a duration in seconds")
-        if self.arrival not in ("constant", "poisson"):
-            raise ConfigError(f"arrival={self.arrival!r}: expected 'constant' or 'poisson'")
+        if self.arrival not in ("constant", "poisson", "gamma"):
+            raise ConfigError(f"arrival={self.arrival!r}: expected 'constant', 'poisson' or 'gamma'")
+        _positive("cv", self.cv)
         if self.warmup_requests < 0 or isinstance(self.warmup_requests, bool):
             raise ConfigError(f"warmup_requests={self.warmup_requests!r}: expected an integer >= 0")
         if not (self.warmup_seconds >= 0 and math.isfinite(self.warmup_seconds)):
@@ -118,7 +142,24 @@ class BenchSpec:
 
     @property
     def mode(self) -> Mode:
-        return "closed" if self.rate is None else "open"
+        return "closed" if self.rate is None and self.schedule is None else "open"
+
+    def open_schedule(self) -> Schedule:
+        """Every send of an open-loop run, warm-up included: the given schedule, or one of ``rate`` (cut to the
+        measured part by the engine)."""
+        if self.schedule is not None:
+            return self.schedule
+        assert self.rate is not None
+        rate = self.rate
+        # Long enough for the warm-up however Poisson spaces it; the engine stops at the measured part's end.
+        warmup = max(
+            self.warmup_seconds, 1.2 * self.warmup_requests / rate + 20.0 / rate if self.warmup_requests else 0
+        )
+        seconds = None if self.duration is None else warmup + self.duration + 2.0 / rate
+        requests = None if self.requests is None else self.warmup_requests + self.requests + 1
+        if seconds is None and requests is None:
+            seconds = warmup + 1.0
+        return Schedule.steady(rate, self.arrival, seconds=seconds, requests=requests, cv=self.cv, seed=self.seed)
 
     @property
     def clients(self) -> int:

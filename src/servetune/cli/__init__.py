@@ -1,12 +1,11 @@
 """The ``servetune`` command: one click group, one module per subcommand, loaded lazily.
 
-Subcommands live in ``servetune/cli/<name>.py`` and expose a click command called ``command``.
-Loading them lazily keeps ``servetune --help`` fast (no torch import).
+Subcommands live in ``servetune/cli/<name>.py`` and expose a click command called ``command``, registered by name
+(``SUBCOMMANDS``: name -> ``"module:attr"``). Loading them lazily keeps ``servetune --help`` fast (no torch import).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import sys
 from typing import Any
@@ -14,27 +13,32 @@ from typing import Any
 import click
 
 from servetune._exceptions import ServetuneError
+from servetune.registry import load_target
 
-# name -> module holding a click command called ``command``
+# name -> "module:attr" of its click command
 SUBCOMMANDS: dict[str, str] = {
-    "archive": "servetune.cli.archive",
-    "serve": "servetune.cli.serve",
-    "bench": "servetune.cli.bench",
-    "optimize": "servetune.cli.optimize",
-    "tune": "servetune.cli.tune",
-    "kserve": "servetune.cli.kserve",
+    "archive": "servetune.cli.archive:command",
+    "serve": "servetune.cli.serve:command",
+    "bench": "servetune.cli.bench:command",
+    "optimize": "servetune.cli.optimize:command",
+    "tune": "servetune.cli.tune:command",
+    "kserve": "servetune.cli.kserve:command",
 }
+
+
+def _present(target: str) -> bool:
+    return importlib.util.find_spec(target.partition(":")[0]) is not None
 
 
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name, mod in SUBCOMMANDS.items() if importlib.util.find_spec(mod) is not None)
+        return sorted(name for name, target in SUBCOMMANDS.items() if _present(target))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        module_name = SUBCOMMANDS.get(cmd_name)
-        if module_name is None or importlib.util.find_spec(module_name) is None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None or not _present(target):
             return None
-        command: click.Command = importlib.import_module(module_name).command
+        command: click.Command = load_target(target)
         return command
 
 

@@ -25,7 +25,8 @@ from servetune.archive.writer import ARCHIVE_FORMATS, create_archive
 @click.option(
     "--serialized-file",
     type=click.Path(exists=True, dir_okay=False),
-    help="Weights: a state_dict .pt/.pth (eager mode), a TorchScript or exported program, or an .onnx file.",
+    help="Weights: a state_dict .pt/.pth (eager mode, with --model-file), a TorchScript .pt, a PyTorch 2 .pt2 "
+    "(an AOTInductor package or a saved ExportedProgram; no --model-file), or an .onnx file.",
 )
 @click.option(
     "--model-file",

@@ -11,6 +11,9 @@ import click
 from servetune._exceptions import ConfigError
 from servetune.bench import ENGINES, BenchSpec, StageSpec, parse_stages, parse_warmup, run_bench
 from servetune.bench.report import print_summary, write_report
+from servetune.bench.schedule import Schedule
+from servetune.bench.slo import parse_slo
+from servetune.bench.traces import TRACE_FORMATS, read_trace
 
 
 def _pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, str]]:
@@ -21,6 +24,38 @@ def _pairs(values: tuple[str, ...], sep: str, option: str) -> list[tuple[str, st
             raise ConfigError(f"{option}={value!r}: expected KEY{sep}VALUE")
         pairs.append((key.strip(), rest.strip()))
     return pairs
+
+
+def trace_schedule(
+    spec: BenchSpec,
+    path: Path,
+    trace_format: str | None,
+    options: dict[str, str],
+    time_scale: float,
+    rate_scale: float,
+    capacity_fraction: float | None,
+) -> Schedule:
+    """The trace's schedule, scaled in time, then in rate, then (shape mode) to a fraction of the measured capacity;
+    what was done is said on stderr."""
+    schedule = read_trace(path, trace_format, options)
+    if time_scale != 1.0:
+        schedule = schedule.time_scaled(time_scale)
+    if rate_scale != 1.0:
+        schedule = schedule.rate_scaled(rate_scale, spec.seed)
+    if capacity_fraction is not None:
+        from servetune.bench.fit import fit, measure_capacity
+
+        capacity = measure_capacity(spec)
+        click.echo(f"capacity of this server: {capacity.describe()}", err=True)
+        schedule = fit(schedule, capacity.rps, capacity_fraction, spec.seed)
+    for note in schedule.notes:
+        click.echo(note, err=True)
+    click.echo(
+        f"trace {schedule.name}: {len(schedule)} requests over {schedule.duration_s:.1f} s "
+        f"(mean {schedule.mean_rps:.1f} req/s, peak {schedule.peak_rps():.1f} req/s)",
+        err=True,
+    )
+    return schedule
 
 
 def read_pipeline(path: Path) -> tuple[StageSpec, ...]:
@@ -57,9 +92,49 @@ def read_pipeline(path: Path) -> tuple[StageSpec, ...]:
 @click.option("--rate", "-r", type=float, help="Open loop: requests per second on a fixed schedule.")
 @click.option(
     "--arrival",
-    type=click.Choice(["constant", "poisson"]),
+    type=click.Choice(["constant", "poisson", "gamma"]),
     default="constant",
-    help="Open loop: evenly spaced sends, or a Poisson process.",
+    help="Open loop: evenly spaced sends, a Poisson process, or Gamma gaps (burstier with --cv > 1).",
+)
+@click.option("--cv", type=float, default=1.0, help="--arrival gamma: coefficient of variation of the gaps.")
+@click.option(
+    "--trace",
+    "trace",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Open loop: replay this trace (or synthetic shape, .yaml); its format is told from the file, or by "
+    "--trace-format. docs/bench.md lists the formats.",
+)
+@click.option("--trace-format", type=click.Choice(list(TRACE_FORMATS)), help="The trace's format, when not told.")
+@click.option(
+    "--trace-opt",
+    "trace_opts",
+    multiple=True,
+    help="KEY=VALUE read by the trace's importer (repeatable), e.g. function=HASH, arrival=gamma, cv=2, seed=1.",
+)
+@click.option("--time-scale", type=float, default=1.0, help="Multiply the trace's times (0.01: a day in 14.4 min).")
+@click.option(
+    "--rate-scale", type=float, default=1.0, help="Multiply the trace's rate, keeping its curve (seeded by --seed)."
+)
+@click.option(
+    "--capacity-fraction",
+    type=float,
+    help="Shape mode: measure this server's capacity first, then scale the trace's peak rate to this fraction of "
+    "it (0.8), keeping its curve.",
+)
+@click.option(
+    "--slo",
+    "slo",
+    multiple=True,
+    help="KEY=VALUE (repeatable): p99_ms, p95_ms, mean_ms, max_error_rate. Reports goodput, attainment and windows.",
+)
+@click.option("--window", type=float, default=10.0, help="Window (s) of the time series against the SLO.")
+@click.option(
+    "--server-pid",
+    "server_pids",
+    type=int,
+    multiple=True,
+    help="The server's process (repeatable; with its children): its CPU is not interference. [default: the "
+    "process listening on the URL's port, when on this machine]",
 )
 @click.option("--requests", "-n", type=int, help="Measured requests (100 if neither this nor --duration is given).")
 @click.option("--duration", "-d", type=float, help="Measured seconds (with --requests: whichever ends first).")
@@ -88,13 +163,14 @@ def read_pipeline(path: Path) -> tuple[StageSpec, ...]:
     "or set SERVETUNE_MANAGEMENT_TOKEN.",
 )
 @click.option("--max-connections", type=int, default=1024, help="Open loop: most connections open at once.")
-@click.option("--seed", type=int, default=0, help="Seed of the Poisson arrivals.")
+@click.option("--seed", type=int, default=0, help="Seed of the Poisson/Gamma arrivals and of --rate-scale.")
 @click.option("--label", "labels", multiple=True, help="key=value written to the report, e.g. batch_size=4.")
 @click.option(
     "--output",
     "-o",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write result.json, ab_report.csv, report.md, samples.csv and latency.png here.",
+    help="Write result.json, ab_report.csv, report.md, samples.csv, requests.jsonl, windows.csv (with --slo) and "
+    "latency.png here.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print result.json to stdout instead of the summary.")
 @click.option(
@@ -113,6 +189,16 @@ def command(
     concurrency: int | None,
     rate: float | None,
     arrival: str,
+    cv: float,
+    trace: Path | None,
+    trace_format: str | None,
+    trace_opts: tuple[str, ...],
+    time_scale: float,
+    rate_scale: float,
+    capacity_fraction: float | None,
+    slo: tuple[str, ...],
+    window: float,
+    server_pids: tuple[int, ...],
     requests: int | None,
     duration: float | None,
     warmup: str,
@@ -130,20 +216,22 @@ def command(
 ) -> None:
     """Put load on URL (e.g. http://127.0.0.1:8080/predictions/resnet-18) and report throughput, errors,
     latency percentiles and the server's queue/handler breakdown. With --pipeline, each request is an app's whole
-    call graph (URL: the inference address), reported end to end and per stage."""
+    call graph (URL: the inference address), reported end to end and per stage. With --trace, requests leave when
+    the trace says; with --slo, goodput, attainment and the SLO per window are reported."""
     warmup_requests, warmup_seconds = parse_warmup(warmup)
-    spec = BenchSpec(
+    if trace is None and (trace_format or trace_opts or capacity_fraction is not None):
+        raise ConfigError("--trace-format, --trace-opt and --capacity-fraction apply to a --trace")
+    if trace is not None and (rate is not None or concurrency is not None):
+        raise ConfigError("--trace with --rate or --concurrency: a trace says when each request leaves; give one")
+    common = dict(
         url=url,
         input=input_path,
         content_type=content_type,
         form_field=form_field,
         method=method.upper(),
         headers=tuple(_pairs(headers, ":", "--header")),
-        concurrency=concurrency,
-        rate=rate,
-        arrival="poisson" if arrival == "poisson" else "constant",
-        requests=requests if requests is not None or duration is not None else 100,
-        duration=duration,
+        arrival="poisson" if arrival == "poisson" else "gamma" if arrival == "gamma" else "constant",
+        cv=cv,
         warmup_requests=warmup_requests,
         warmup_seconds=warmup_seconds,
         timeout=timeout,
@@ -156,6 +244,22 @@ def command(
         labels=dict(_pairs(labels, "=", "--label")),
         stages=read_pipeline(pipeline) if pipeline is not None else (),
         hook_dir=pipeline.parent.resolve() if pipeline is not None else None,
+        slo=parse_slo(slo),
+        window_s=window,
+        server_pids=server_pids,
+    )
+    schedule = None
+    if trace is not None:
+        probe = BenchSpec(**common, concurrency=1, duration=1.0)  # type: ignore[arg-type]
+        schedule = trace_schedule(probe, trace, trace_format, dict(_pairs(trace_opts, "=", "--trace-opt")),
+                                  time_scale, rate_scale, capacity_fraction)  # fmt: skip
+    spec = BenchSpec(
+        **common,  # type: ignore[arg-type]
+        concurrency=concurrency,
+        rate=rate,
+        requests=requests if requests is not None or duration is not None or trace is not None else 100,
+        duration=duration,
+        schedule=schedule,
     )
     result = run_bench(spec, progress=True)
     if as_json:

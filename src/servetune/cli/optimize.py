@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from servetune.archive import ModelArchive
+    from servetune.optimize.measure import VariantResult
 
 _WRITE_SUFFIX = ".optimized"
 
@@ -45,6 +52,35 @@ def artifacts_dir(archive: Path) -> Path:
     return archive.parent / f"{name}{_WRITE_SUFFIX}"
 
 
+def _configured_batches(config: Mapping[str, Any]) -> list[int]:
+    """The model-config's ``batchSize`` and ``export_max_batch``, where they are positive integers."""
+    values = (config.get("batchSize"), config.get("export_max_batch"))
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+
+
+def _write(source: Path, archive: ModelArchive, results: Sequence[VariantResult]) -> Iterator[str]:
+    """Copy each converted artifact into ``<archive>.optimized/``, and write an archive for each ``.pt2``."""
+    from servetune.archive.pt2 import inspect_pt2
+    from servetune.optimize.pt2_archive import write_pt2_archive
+
+    out = artifacts_dir(source)
+    out.mkdir(parents=True, exist_ok=True)
+    for result in results:
+        if result.status != "ok" or result.artifact is None:
+            continue
+        artifact = Path(result.artifact)
+        shutil.copy2(artifact, out / artifact.name)
+        result.artifact = str(out / artifact.name)  # the results point at the copy the user keeps
+        if artifact.suffix == ".pt2":
+            written = write_pt2_archive(archive, artifact, result.variant, out)
+            yield f"{result.variant}: {written} (serves {artifact.name} as it is, nothing to convert at load)"
+            bounds = inspect_pt2(artifact).batch_bounds()
+            batch_size = archive.model_config.get("batchSize")
+            if bounds and bounds[1] is not None and isinstance(batch_size, int) and batch_size > bounds[1]:
+                yield f"  note: its batchSize {batch_size} is above the batch bound {bounds[1]}: raise --max-batch"
+    yield f"artifacts written to {out}"
+
+
 @click.command(
     "optimize",
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
@@ -79,7 +115,24 @@ def artifacts_dir(archive: Path) -> Path:
     "holds all variants in memory).",
 )
 @click.option(
-    "--write", is_flag=True, help="Save converted artifacts (TorchScript .pt, .onnx) in <archive>.optimized/."
+    "--max-batch",
+    default=None,
+    type=click.IntRange(min=1),
+    help="The largest batch the exported variants (export, aoti) take: their dynamic batch is 1..N.  "
+    "[default: the largest of --batch-sizes and the archive's batchSize / export_max_batch]",
+)
+@click.option(
+    "--cache-dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where converted artifacts are cached (servers share it, so what is built here is not built again at "
+    "load).  [default: $SERVETUNE_VARIANT_CACHE or ~/.cache/servetune/variants]",
+)
+@click.option(
+    "--write",
+    is_flag=True,
+    help="Copy converted artifacts (TorchScript .pt, .onnx, .pt2) into <archive>.optimized/, and for export and aoti "
+    "also write <model>-<variant>.mar there: the archive serving that .pt2, with nothing to convert at load.",
 )
 @click.option(
     "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write the results as JSON."
@@ -94,6 +147,8 @@ def command(
     threads: int | None,
     tolerances: dict[str, float],
     interleave: bool,
+    max_batch: int | None,
+    cache_dir: Path | None,
     write: bool,
     json_path: Path | None,
 ) -> None:
@@ -105,7 +160,7 @@ def command(
     import torch
     from rich.console import Console
 
-    from servetune.optimize import default_variants, resolve
+    from servetune.optimize import default_cache_dir, default_variants, resolve
     from servetune.optimize.archive_model import load_archive_model
     from servetune.optimize.measure import measure_variants
     from servetune.optimize.report import results_json, variant_table
@@ -120,10 +175,11 @@ def command(
     if threads is not None:
         torch.set_num_threads(threads)
     console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets the whole table
+    cache = cache_dir or default_cache_dir()
     with tempfile.TemporaryDirectory(prefix="servetune-optimize-") as scratch:
         loaded = load_archive_model(archive, Path(scratch) / "model")
         model = loaded.model.to(target)
-        cache_dir = artifacts_dir(archive) if write else Path(scratch) / "artifacts"
+        bound = max_batch or max([*batch_sizes, *_configured_batches(loaded.archive.model_config)])
         with console.status("loading ...") as status:
             results = measure_variants(
                 names,
@@ -133,14 +189,16 @@ def command(
                 batch_sizes=batch_sizes,
                 repeat=repeat,
                 warmup=warmup,
-                cache_dir=cache_dir,
+                cache_dir=cache,
                 tolerance=tolerances or None,
                 interleave=interleave,
                 progress=lambda text: status.update(f"{text} ..."),
+                max_batch=bound,
             )
         title = f"{archive.name} on {target} ({torch.get_num_threads()} threads)"
         console.print(variant_table(results, batch_sizes, title=title))
-    if write:
-        console.print(f"artifacts written to {cache_dir}")
+        if write:
+            for line in _write(archive, loaded.archive, results):
+                console.print(line)
     if json_path is not None:
         json_path.write_text(json.dumps(results_json(results), indent=2, default=str))

@@ -18,7 +18,11 @@ if TYPE_CHECKING:
 
 @click.command("tune", context_settings={"show_default": True})
 @click.argument("study_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--sla-p99", type=float, help="P99 latency limit in ms; sets or overrides the study's SLA.")
+@click.option(
+    "--sla-p99",
+    help="P99 latency limit in ms, or a multiple of this machine's single-request latency (3x, measured first); "
+    "sets or overrides the study's SLA.",
+)
 @click.option("--budget", help="Start no trial that would end after this long (90s, 20m, 1h30m).")
 @click.option(
     "--out",
@@ -55,7 +59,7 @@ if TYPE_CHECKING:
 )
 def command(
     study_file: Path,
-    sla_p99: float | None,
+    sla_p99: str | None,
     budget: str | None,
     out: Path | None,
     strategy: str | None,
@@ -71,12 +75,13 @@ def command(
     throughput (or the lowest cost) inside a latency SLA, and write it out ready to serve.
 
     STUDY_FILE is servetune's study format or TorchServe's auto-benchmark model config (benchmarks/models_config).
-    Re-running the same study resumes it. Exit status: 0 when a config meets the SLA, 1 when none does.
+    Re-running the same study resumes it. Exit status: 0 when a config meets the SLA; 3 when none does on this
+    hardware (the report names the closest); 2 for an invalid study; 130 when interrupted.
     """
     from rich.console import Console
 
     from servetune.tune import Remote, load_study, override, tune
-    from servetune.tune.report import describe, headline
+    from servetune.tune.report import describe, finalist_lines, headline
     from servetune.tune.targets import prepare
 
     console = Console(stderr=True)
@@ -84,7 +89,7 @@ def command(
     budget_s = duration("--budget", budget) if budget is not None else None
     study = override(
         load_study(study_file),
-        sla_p99_ms=sla_p99,
+        sla_p99_ms=_sla(sla_p99),
         budget_s=budget_s,
         strategy=strategy,
         backend=backend,
@@ -96,13 +101,15 @@ def command(
     if remote is None:
         study = prepare(study)  # the space as it is searched (Ray adds a knob), for the line below
     console.print(
-        f"tuning {study.model}: {study.size} configs, {study.sla.describe()}, strategy {study.strategy.name}, "
+        f"tuning {study.model}: {study.size} configs, {describe_sla(study)}, strategy {study.strategy.name}, "
         f"budget {study.budget.describe()}{on_ray(study, remote is not None)} -> {out}",
         highlight=False,
     )
     result = tune(study, out, remote=remote, console=console)
     analysis = result.analysis
     click.echo(headline(analysis, result.study))
+    for line in finalist_lines(analysis, result.study):
+        click.echo(line)
     if analysis.winner is not None and result.deployment is not None:
         click.echo(f"winner: {describe(analysis.winner.config, result.study)}")
         click.echo(f"serve it: {result.deployment.serve_command}")
@@ -113,7 +120,32 @@ def command(
     if result.stopped == "interrupted":
         sys.exit(130)
     if analysis.winner is None:
-        sys.exit(1)
+        sys.exit(NO_CONFIG_MEETS_THE_SLA)
+
+
+NO_CONFIG_MEETS_THE_SLA = 3  # documented in docs/tune.md; 1 stays Python's status for a crash
+
+
+def _sla(value: str | None) -> float | str | None:
+    """``--sla-p99``: milliseconds, or a multiple of the single-request latency (``3x``)."""
+    if value is None or value.strip().lower().endswith("x"):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        from servetune._exceptions import ConfigError
+
+        raise ConfigError(f"--sla-p99={value!r}: expected milliseconds (1000) or a multiple such as 3x") from None
+
+
+def describe_sla(study: Study) -> str:
+    """The SLA as given: limits in ms, and those sized on this machine (measured before the first trial)."""
+    relative = [f"{key.removesuffix('_ms').upper()} <= {multiple:g}x the single-request latency"
+                for key, multiple in study.sla_scale]  # fmt: skip
+    if not relative:
+        return study.sla.describe()
+    fixed = "" if study.sla.empty else f", {study.sla.describe()}"
+    return " and ".join(relative) + " (measured first)" + fixed
 
 
 def on_ray(study: Study, remote: bool) -> str:

@@ -1,7 +1,7 @@
 """Read a ``model-config.yaml`` safely: what ``yaml.safe_load`` accepts either becomes plain JSON data (what a worker
 or a Ray replica receives, as ``context.model_yaml_config``) or is refused with a :class:`ConfigError` naming the key.
 
-Limits (docs/limits-config.md), fixed so that every reader of an archive (the server, Ray replicas, tune, optimize)
+Limits (docs/limits.md), fixed so that every reader of an archive (the server, Ray replicas, tune, optimize)
 agrees on what loads:
 
 - the file, and the config as JSON once YAML aliases are expanded, at most :data:`MAX_MODEL_CONFIG_BYTES`;

@@ -18,6 +18,7 @@ from typing import Any
 from servetune._exceptions import ConfigError
 from servetune.config.model import WORKER_PRELOAD
 from servetune.config.properties import read_properties
+from servetune.tensor_limits import TensorLimits
 
 log = logging.getLogger("servetune.config")
 
@@ -157,6 +158,14 @@ class ServerConfig:
     grpc_inference_max_connection_age_grace_ms: int = 0
     grpc_management_max_connection_age_grace_ms: int = 0
     service_envelope: str | None = None  # body|json|kserve|kservev2: requests on TorchServe's routes (docs/kserve.md)
+    # Limits on what one request may be, checked before work is done (docs/limits.md)
+    max_header_line_size: int = 8192  # the request line or one header line, bytes: 414/431
+    max_header_size: int = 65536  # the request line and every header, bytes: 431
+    max_header_count: int = 100  # headers in one request: 431
+    header_timeout_ms: int = 20000  # from a connection's start (or a request's first byte) to its last header: 408
+    max_tensor_elements: int = 16_777_216  # one tensor's elements (a 0 dimension counted as 1): 413
+    max_tensor_dims: int = 32  # one tensor's dimensions: 413
+    max_empty_tensor_span: int = 65536  # an empty tensor's other dimensions multiplied (its nested form's lists): 413
     ts_open_inference_protocol: bool = False  # TorchServe's switch for OIP; servetune serves OIP REST regardless
 
     @classmethod
@@ -237,6 +246,8 @@ class ServerConfig:
                     raise ConfigError(f"{key}={value!r}: expected seconds") from None
             elif key in _INT_KEYS:
                 values[key] = _int(key, value, minimum=_INT_KEYS[key])
+                if key in _INT_MAXIMA and values[key] > _INT_MAXIMA[key]:
+                    raise ConfigError(f"{key}={value!r}: must be <= {_INT_MAXIMA[key]}")
             elif key in _BOOL_KEYS:
                 values[key] = _bool(key, value)
             elif key in _ACCEPTED_NOT_USED or key in ("enable_envvars_config",):
@@ -261,6 +272,11 @@ class ServerConfig:
 
     def with_overrides(self, **changes: Any) -> ServerConfig:
         return replace(self, **changes)
+
+    @property
+    def tensor_limits(self) -> TensorLimits:
+        """What one tensor of a request may claim (``max_tensor_*``)."""
+        return TensorLimits(self.max_tensor_elements, self.max_tensor_dims, self.max_empty_tensor_span)
 
     @property
     def token_auth(self) -> bool:
@@ -327,7 +343,16 @@ _INT_KEYS = {
     "token_expiration_min": 1,
     "threads_per_worker": 0,
     "max_workers_per_model": 1,
+    "max_header_line_size": 64,
+    "max_header_size": 64,
+    "max_header_count": 1,
+    "header_timeout_ms": 1,
+    "max_tensor_elements": 1,
+    "max_tensor_dims": 1,
+    "max_empty_tensor_span": 1,
 }
+# What numpy can hold: a larger limit would let a shape through that numpy refuses (a 500, not a 413).
+_INT_MAXIMA = {"max_tensor_dims": 64, "max_tensor_elements": 2**62, "max_empty_tensor_span": 2**62}
 _BOOL_KEYS = frozenset(
     {
         "enable_model_api",

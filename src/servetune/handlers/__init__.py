@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from servetune.handlers.compat import install_ts_alias, uninstall_ts_alias
 from servetune.handlers.context import Context, RequestProcessor
+from servetune.handlers.control import Control
 from servetune.handlers.loader import BUILTIN_HANDLERS
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.service import InputParam, Request, Response, Service, load_service
@@ -18,6 +19,7 @@ __all__ = [
     "BUILTIN_HANDLERS",
     "BadInputError",
     "Context",
+    "Control",
     "InputParam",
     "MetricsCache",
     "PredictionException",

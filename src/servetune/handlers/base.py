@@ -39,7 +39,8 @@ T = TypeVar("T")
 
 
 class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe's (instantiable as "base_handler")
-    """Loads eager (state_dict + model file), TorchScript, torch.export or ONNX models and serves them."""
+    """Loads eager (state_dict + model file), TorchScript, PyTorch 2 ``.pt2`` (an AOTInductor package or an
+    ExportedProgram) or ONNX models and serves them."""
 
     def __init__(self) -> None:
         self.model: Any = None
@@ -83,6 +84,7 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
         self.model = self._load_model(model_dir, model_info.get("modelFile") or "", self.model_pt_path)
         self.mapping = load_label_mapping(model_dir / "index_to_name.json")
         self.initialized = True
+        context.applies_optimization = True  # the loader refuses a named variant that no BaseHandler took
         self._apply_optimization()
 
     def _load_model(self, model_dir: Path, model_file: str, model_pt_path: str | None) -> Any:
@@ -95,7 +97,7 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
         if suffix == ".pt":
             return self._load_torchscript_model(model_pt_path).eval()
         if suffix == ".pt2":
-            return self._load_exported_program(model_pt_path)
+            return self._load_pt2(model_pt_path)
         if suffix == ".onnx":
             from servetune.handlers.onnx import OnnxModel  # onnxruntime is an optional extra
 
@@ -111,8 +113,12 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
             warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.jit")
             return torch.jit.load(model_pt_path, map_location=self.device)  # type: ignore[no-untyped-call]
 
-    def _load_exported_program(self, model_pt_path: str) -> Any:
-        return torch.export.load(model_pt_path).module().to(self.device)
+    def _load_pt2(self, model_pt_path: str) -> Any:
+        """An AOTInductor package or a saved ExportedProgram, checked against this worker's torch and device first
+        (``servetune.optimize.pt2``); called like the model it was exported from."""
+        from servetune.optimize.pt2 import load_pt2
+
+        return load_pt2(model_pt_path, self.device or torch.device("cpu"))
 
     def _load_pickled_model(self, model_dir: str, model_file: str, model_pt_path: str | None) -> torch.nn.Module:
         """Instantiate the one ``nn.Module`` class of ``model_file`` and load its state_dict.
@@ -162,26 +168,64 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
         """
         name = self.model_yaml_config.get("optimization")
         self.optimization = "eager"
+        if name and name != "eager" and _is_pt2(self.model):
+            raise RuntimeError(
+                f"optimization={name!r}: this archive's model is a .pt2, served as it was built; build the variant "
+                "from the eager model instead (servetune optimize --variants aoti --write), or drop optimization"
+            )
         if not name or name == "eager" or not isinstance(self.model, torch.nn.Module):
             if name and name != "eager":
                 raise RuntimeError(f"optimization={name!r} needs an nn.Module, not {type(self.model).__name__}")
             return
-        from servetune.optimize import apply_variant
+        from servetune.optimize import apply_variant, default_cache_dir
 
         assert self.context is not None
-        cache_dir = Path(self.context.system_properties["model_dir"]) / ".servetune-variants"
         variant = apply_variant(
             str(name),
             self.model,
             device=self.device or torch.device("cpu"),
             example_inputs=self.example_inputs(),
-            cache_dir=cache_dir,
+            cache_dir=default_cache_dir(),
             tolerance=self.model_yaml_config.get("parity_tolerance"),
+            max_batch=self.export_max_batch(),
         )
         self.model = variant
         self.optimization = str(name)
         if variant.parity is not None:
             logger.info("optimization %s applied: %s", name, variant.parity.summary())
+
+    def export_max_batch(self) -> int:
+        """The largest batch an exported variant (``export``, ``aoti``) must take: model-config.yaml's
+        ``export_max_batch`` (the tuner sets its largest batch size), else the model's ``batchSize``."""
+        assert self.context is not None
+        configured = self.model_yaml_config.get("export_max_batch")
+        if configured is not None:
+            if isinstance(configured, bool) or not isinstance(configured, int) or configured < 1:
+                raise ValueError(f"model-config.yaml export_max_batch={configured!r}: expected an integer >= 1")
+            return configured
+        return max(1, int(self.context.system_properties.get("batch_size") or 1))
+
+    def loaded_model(self) -> dict[str, Any] | None:
+        """What serves: for a ``.pt2`` its format, torch version, device and dynamic dimensions; for a variant its
+        name, parity figures, conversion time and notes (with its ``.pt2``'s description for export/aoti); None for
+        an eager model. The default ``describe_handle`` answers this."""
+        from servetune.optimize import VariantModel
+
+        model = self.model
+        if _is_pt2(model):
+            return {"pt2": {"file": model.path.name, **model.info.to_json()}}
+        if not isinstance(model, VariantModel):
+            return None
+        described: dict[str, Any] = {
+            "optimization": model.variant,
+            "parity": model.parity.summary() if model.parity is not None else None,
+            "convertSeconds": round(model.convert_seconds, 3),
+            "notes": list(model.notes),
+        }
+        runner: Any = model.runner
+        if _is_pt2(runner):
+            described["pt2"] = {"file": runner.path.name, **runner.info.to_json()}
+        return described
 
     def example_inputs(self) -> tuple[Any, ...]:
         """One model call's positional arguments, used to convert and check variants. Random images of
@@ -294,11 +338,18 @@ class BaseHandler(abc.ABC):  # noqa: B024 - abstract in name only, as TorchServe
         return self.context is not None and self.context.get_request_header(0, "describe") == "True"
 
     def describe_handle(self) -> Any:
-        """Customised model metadata for the describe API; None by default."""
-        return None
+        """Customised model metadata for the describe API: what :meth:`loaded_model` says (None for an eager
+        model, as TorchServe's handlers answer)."""
+        return self.loaded_model()
 
     def get_device(self) -> torch.device | None:
         return self.device
+
+
+def _is_pt2(model: Any) -> bool:
+    from servetune.optimize.pt2 import Pt2Model
+
+    return isinstance(model, Pt2Model)
 
 
 def _describe(value: Any) -> str:

@@ -12,10 +12,11 @@ import json
 import sys
 from typing import Any
 
-from servetune._exceptions import error_body
+from servetune._exceptions import HandlerError, error_body
 from servetune.handlers.util import BadInputError
+from servetune.tensor_limits import strict_json
 
-__all__ = ["decode_value", "encode_value", "error_body", "mime_type"]
+__all__ = ["decode_value", "encode_value", "error_body", "json_value", "mime_type"]
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -27,14 +28,21 @@ def mime_type(content_type: str | None) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
-def decode_value(name: str, content_type: str | None, data: bytes, *, decode: bool = True) -> Any:
-    """The value a handler sees for one input; raises ``BadInputError`` for a body that is not valid JSON."""
+def json_value(name: str, data: bytes | bytearray, *, strict: bool = False) -> Any:
+    """``data`` as JSON; BadInputError naming the input otherwise. ``strict``: without Python's extensions (``NaN``
+    and the infinities are refused), as KServe reads a request."""
+    try:
+        return strict_json(data) if strict else json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BadInputError(f"{name} is not valid JSON ({exc})") from None
+
+
+def decode_value(name: str, content_type: str | None, data: bytes, *, decode: bool = True, strict: bool = False) -> Any:
+    """The value a handler sees for one input; raises ``BadInputError`` for a body that is not valid JSON
+    (``strict``: see :func:`json_value`)."""
     mime = mime_type(content_type)
     if decode and mime == JSON_CONTENT_TYPE:
-        try:
-            return json.loads(data)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise BadInputError(f"{name} is not valid JSON ({exc})") from exc
+        return json_value(name, data, strict=strict)
     if decode and mime.startswith("text"):
         try:
             return bytes(data).decode("utf-8")
@@ -43,7 +51,7 @@ def decode_value(name: str, content_type: str | None, data: bytes, *, decode: bo
     return bytearray(data)
 
 
-class UnsupportedOutputError(TypeError):
+class UnsupportedOutputError(HandlerError, TypeError):
     """A handler returned a value that has no wire form."""
 
 

@@ -11,19 +11,23 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from servetune.handlers.control import DEFAULT, Control
 from servetune.handlers.metrics import MetricsCache
+from servetune.tensor_limits import DEFAULT_LIMITS, TensorLimits
 
 __all__ = ["Context", "RequestProcessor"]
 
 
 class RequestProcessor:
-    """Request headers in, response status and headers out, for one request of the batch."""
+    """Request headers in, response status and headers out, for one request of the batch; ``control`` is what the
+    server decided about the request (``servetune.handlers.control``), read by the envelopes, never by a header."""
 
-    def __init__(self, request_header: dict[str, Any]) -> None:
+    def __init__(self, request_header: dict[str, Any], control: Control = DEFAULT) -> None:
         self._status_code = 200
         self._reason_phrase: str | None = None
         self._response_header: dict[str, str] = {}
         self._request_header = request_header
+        self.control = control
 
     def get_request_property(self, key: str) -> Any:
         """The header ``key``; exact name first, then ignoring case (HTTP names are case-insensitive)."""
@@ -91,6 +95,10 @@ class Context:
         self.cl_socket: Any = None
         # servetune's worker sets this: (request id, status, body, content type) of one intermediate answer
         self.partial_sink: Callable[[str, int, bytes, str | None], None] | None = None
+        # servetune's: what one tensor of an OIP request may claim (the server's max_tensor_* keys)
+        self.tensor_limits: TensorLimits = DEFAULT_LIMITS
+        # servetune's: set by BaseHandler.initialize, which applies model-config.yaml's ``optimization`` (or fails)
+        self.applies_optimization = False
         self.header_key_sequence_id = os.getenv("TS_REQUEST_SEQUENCE_ID", "ts_request_sequence_id")
         self.header_key_sequence_start = os.getenv("TS_REQUEST_SEQUENCE_START", "ts_request_sequence_start")
         self.header_key_sequence_end = os.getenv("TS_REQUEST_SEQUENCE_END", "ts_request_sequence_end")
@@ -119,6 +127,10 @@ class Context:
 
     def get_request_header(self, idx: int, key: str) -> Any:
         return self._processor(idx).get_request_property(key)
+
+    def get_request_control(self, idx: int) -> Control:
+        """What the server decided about request ``idx`` (protocol, explain, describe): servetune's, typed."""
+        return self._processor(idx).control
 
     def get_all_request_header(self, idx: int) -> dict[str, Any]:
         return self._processor(idx).get_request_properties()

@@ -1,8 +1,9 @@
 """Request envelopes: how a handler sees a KServe v1 or Open Inference Protocol v2 request, and how its answer is
 wrapped back (TorchServe's ``ts/torch_handler/request_envelope``, without its first-request-only bug).
 
-The API layer tells the worker which protocol a request came in by with the header ``x-servetune-protocol``
-(:data:`KSERVE_V1`, :data:`OIP_V2`; absent on TorchServe's own routes). The envelope is chosen per request:
+The API layer tells the worker which protocol a request came in by in its typed control
+(``servetune.handlers.control``: :data:`KSERVE_V1`, :data:`OIP_V2`, ``TORCHSERVE`` on TorchServe's own routes), never
+in a header a client could send. The envelope is chosen per request:
 
 - KServe v1 -> ``kserve``: the handler gets the ``instances`` (or ``inputs``) of the request, answers one item per
   instance, and the request gets ``{"predictions": [...]}`` (``{"explanations": [...]}`` for ``:explain``).
@@ -29,11 +30,14 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from servetune.handlers.codec import error_body
+from servetune._exceptions import HandlerError
+from servetune.handlers.codec import error_body, json_value
 from servetune.handlers.context import Context, RequestProcessor
+from servetune.handlers.control import KSERVE_V1, OIP_V2
 from servetune.handlers.util import BadInputError
 
 if TYPE_CHECKING:
@@ -45,17 +49,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PROTOCOL_HEADER = "x-servetune-protocol"
-KSERVE_V1 = "kserve-v1"
-OIP_V2 = "oip-v2"
-OIP_METADATA = "oip-metadata"  # not a prediction: the handler's ``model_metadata()``, answered without ``handle``
 SERVICE_ENVELOPES = ("body", "json", "kserve", "kservev2")  # TorchServe's ``service_envelope`` values
 FORM_ATTRIBUTE = "servetune_envelope"  # on the handler class or module: "tensors" for servetune's form of v2
 
 Handle = Callable[[Any, Context], Any]
 
 
-class EnvelopeMismatch(RuntimeError):
+class EnvelopeMismatch(HandlerError):
     """The handler's answers cannot be shared out among the batch's requests (the worker runs each alone)."""
 
 
@@ -74,14 +74,10 @@ def _body(row: dict[str, Any]) -> Any:
     return value if value else row.get("body", value)
 
 
-def _json_body(row: dict[str, Any]) -> Any:
+def _json_body(row: dict[str, Any], *, strict: bool = False) -> Any:
+    """The row's body as JSON (already decoded by the worker when it came as ``application/json``)."""
     body = _body(row)
-    if isinstance(body, (bytes, bytearray)):
-        try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise BadInputError(f"the body is not valid JSON ({exc})") from None
-    return body
+    return json_value("body", body, strict=strict) if isinstance(body, (bytes, bytearray)) else body
 
 
 class BodyEnvelope:
@@ -119,10 +115,12 @@ class JsonEnvelope:
 
 
 class KServeEnvelope:
-    """``kserve`` (KServe v1): the ``instances`` in, ``{"predictions": [...]}`` (or ``explanations``) out."""
+    """``kserve`` (KServe v1): the ``instances`` in, ``{"predictions": [...]}`` (or ``explanations``) out. The one
+    place a v1 body is checked (the API hands it over as it came): strict JSON on KServe's route, an object with an
+    ``instances`` or ``inputs`` list (400 otherwise)."""
 
     def parse(self, row: dict[str, Any], context: Context, idx: int) -> tuple[list[Any], Any]:
-        body = _json_body(row)
+        body = _json_body(row, strict=context.get_request_control(idx).protocol == KSERVE_V1)
         instances = None
         if isinstance(body, dict):
             instances = body.get("instances", body.get("inputs"))
@@ -131,13 +129,20 @@ class KServeEnvelope:
         return instances, None
 
     def format(self, state: Any, answers: list[Any], context: Context, idx: int) -> Any:
-        key = "explanations" if context.get_request_header(idx, "explain") == "True" else "predictions"
+        key = "explanations" if context.get_request_control(idx).explain else "predictions"
         return {key: answers}
 
 
 def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceRequest:
     """The OIP request of one row: the API's binary form, or a JSON body on TorchServe's routes."""
-    from servetune.tensors import BINARY_PARAMETERS, HEADER_LENGTH, TensorError, parse_header_length, parse_request
+    from servetune.tensors import (
+        BINARY_PARAMETERS,
+        HEADER_LENGTH,
+        TensorError,
+        TensorLimitError,
+        parse_header_length,
+        parse_request,
+    )
 
     body = _body(row)
     try:
@@ -148,9 +153,10 @@ def oip_request(row: dict[str, Any], context: Context, idx: int) -> InferenceReq
         if not isinstance(body, (bytes, bytearray)):
             raise TensorError("the body is empty")
         header = context.get_request_header(idx, HEADER_LENGTH)
-        request = parse_request(body, parse_header_length(header if isinstance(header, str) else None))
+        length = parse_header_length(header if isinstance(header, str) else None)
+        request = parse_request(body, length, context.tensor_limits)
     except TensorError as exc:
-        raise BadInputError(str(exc)) from None
+        raise BadInputError(str(exc), 413 if isinstance(exc, TensorLimitError) else 400) from None
     for tensor in request.inputs:
         tensor.parameters = {k: v for k, v in tensor.parameters.items() if k not in BINARY_PARAMETERS}
     return request
@@ -346,10 +352,6 @@ class Envelopes:
         processors, ids = context.request_processor, context.request_ids or {}
         try:
             for group in groups:
-                if group.envelope == OIP_METADATA:
-                    for i in group.indices:
-                        answers[i] = handler_metadata(self.owner)
-                    continue
                 rows = [data[i] for i in group.indices]
                 context.request_processor = [processors[i] for i in group.indices]
                 context.request_ids = {j: ids.get(i, "") for j, i in enumerate(group.indices)}
@@ -363,10 +365,11 @@ class Envelopes:
         """Requests by envelope, in order of first appearance; None: no request needs one."""
         keys: dict[str, list[int]] = {}
         for i in range(size):
-            if context.get_request_header(i, "describe") == "True":
+            control = context.get_request_control(i)
+            if control.describe:
                 return None
-            protocol = context.get_request_header(i, PROTOCOL_HEADER)
-            key = {KSERVE_V1: "kserve", OIP_V2: self.v2, OIP_METADATA: OIP_METADATA}.get(protocol, self.default)
+            protocol = control.protocol
+            key = {KSERVE_V1: "kserve", OIP_V2: self.v2}.get(protocol, self.default)
             keys.setdefault(key or "", []).append(i)
         if list(keys) == [""]:
             return None
@@ -442,21 +445,27 @@ class Envelopes:
 
 
 def _reject(processor: RequestProcessor, request_id: str | None, exc: BadInputError) -> bytes:
-    code = exc.error_code if isinstance(exc.error_code, int) else 400
-    processor.report_status(code, "Bad Request" if code == 400 else "Internal Server Error")
+    code = exc.error_code if isinstance(exc.error_code, int) and 400 <= exc.error_code <= 599 else 400
+    processor.report_status(code, HTTPStatus(code).phrase if code in _STATUSES else "Error")
     processor.add_response_property("content-type", "application/json")
     message = f"request {request_id}: {exc.message}" if request_id else exc.message
-    return error_body(code, exc.error_type if code == 400 else "InternalServerException", message)
+    kind = "RequestEntityTooLargeException" if code == 413 else exc.error_type
+    return error_body(code, kind if code < 500 else "InternalServerException", message)
 
 
-def handler_metadata(owner: Any) -> Any:
-    """The handler's own OIP metadata (``model_metadata()`` on its class or module), or None."""
+_STATUSES = frozenset(s.value for s in HTTPStatus)
+
+
+def handler_metadata(owner: Any) -> dict[str, Any] | None:
+    """The handler's own OIP metadata (``model_metadata()`` on its class or module): a mapping that JSON can carry
+    (the worker reports it once, when loaded), or None."""
     method = getattr(owner, "model_metadata", None)
     if not callable(method):
         return None
     try:
         value = method()
-    except Exception:  # noqa: BLE001 - metadata is optional: a failing method means none
+        json.dumps(value)
+    except Exception:  # noqa: BLE001 - metadata is optional: a failing method (or an answer JSON cannot carry) means none
         logger.warning("model_metadata() failed", exc_info=True)
         return None
     return value if isinstance(value, dict) else None
@@ -470,9 +479,7 @@ def with_envelopes(handle: Handle, module: ModuleType, service_envelope: str | N
 __all__ = [
     "ENVELOPES",
     "KSERVE_V1",
-    "OIP_METADATA",
     "OIP_V2",
-    "PROTOCOL_HEADER",
     "SERVICE_ENVELOPES",
     "Envelopes",
     "handler_metadata",

@@ -4,6 +4,10 @@
 JSON shape ``{"code": N, "type": "...", "message": "..."}``. One bad request does not fail its batch:
 inputs that cannot be decoded are answered 400 before the handler runs, and if ``handle`` raises for a
 batch of several requests, each request is run again alone so that only the offending ones fail.
+
+A batch is split by each request's typed control (``servetune.handlers.control``: protocol, explain, describe):
+requests of different kinds never share a handler call, so nothing one client sends changes how another client's
+request is handled. An explain request to a handler that cannot explain is answered 501 without calling it.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from servetune._exceptions import HandlerError
 from servetune.handlers.codec import UnsupportedOutputError, decode_value, encode_value, error_body
 from servetune.handlers.compat import install_ts_alias
 from servetune.handlers.context import Context, RequestProcessor
-from servetune.handlers.envelopes import PROTOCOL_HEADER, with_envelopes
+from servetune.handlers.control import DEFAULT, KSERVE_V1, OIP_V2, Control, handler_explains, handler_headers
+from servetune.handlers.envelopes import handler_metadata, with_envelopes
 from servetune.handlers.loader import EntryPoint, forget_shadowed_modules, import_handler_module, resolve_entry_point
 from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
+from servetune.tensor_limits import TensorLimits
 
 __all__ = ["InputParam", "Request", "Response", "Service", "import_handler", "load_service"]
 
@@ -46,8 +52,9 @@ class InputParam:
 @dataclass(frozen=True)
 class Request:
     request_id: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # the client's; the handler sees them through ``handler_headers``
     inputs: list[InputParam]
+    control: Control = DEFAULT
 
 
 @dataclass
@@ -67,10 +74,21 @@ def error_response(code: int, message: str, error_type: str = "InternalServerExc
 class Service:
     """A loaded handler bound to its ``Context``."""
 
-    def __init__(self, context: Context, entry_point: EntryPoint, *, decode_input_request: bool = True) -> None:
+    def __init__(
+        self,
+        context: Context,
+        entry_point: EntryPoint,
+        *,
+        decode_input_request: bool = True,
+        explains: bool = True,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         self._context = context
         self._entry_point = entry_point
         self._decode = decode_input_request
+        self._explains = explains  # False: explain requests are answered 501 without calling the handler
+        # what the handler's ``model_metadata()`` answered once loaded (the OIP tensors it declares), or None
+        self.metadata = metadata
 
     @property
     def context(self) -> Context:
@@ -86,27 +104,37 @@ class Service:
 
     def _predict(self, batch: list[Request]) -> list[Response]:
         responses: list[Response | None] = [None] * len(batch)
-        runnable: list[int] = []
-        rows: list[dict[str, Any]] = []
+        groups: dict[tuple[str, bool, bool], tuple[list[int], list[dict[str, Any]]]] = {}
         for i, request in enumerate(batch):
+            if request.control.explain and not self._explains:
+                message = f"{self._context.model_name}'s handler does not provide explanations"
+                responses[i] = error_response(501, message, "ModelException")
+                continue
             try:
-                rows.append(self._decode_request(request))
-                runnable.append(i)
+                row = self._decode_request(request)
             except BadInputError as exc:
                 message = f"request {request.request_id}: {exc.message}"
                 responses[i] = error_response(exc.error_code, message, exc.error_type)
-        if runnable:
-            for i, response in zip(runnable, self._run([batch[i] for i in runnable], rows), strict=True):
+                continue
+            indices, rows = groups.setdefault(request.control.key, ([], []))
+            indices.append(i)
+            rows.append(row)
+        for indices, rows in groups.values():  # one handler call per kind, in order of first appearance
+            for i, response in zip(indices, self._run([batch[i] for i in indices], rows), strict=True):
                 responses[i] = response
         return [r if r is not None else error_response(503, "Prediction failed") for r in responses]
 
     def _decode_request(self, request: Request) -> dict[str, Any]:
-        return {p.name: decode_value(p.name, p.content_type, p.data, decode=self._decode) for p in request.inputs}
+        strict = request.control.protocol == KSERVE_V1  # KServe's body is strict JSON (NaN is not JSON)
+        return {
+            p.name: decode_value(p.name, p.content_type, p.data, decode=self._decode, strict=strict)
+            for p in request.inputs
+        }
 
     def _run(self, requests: list[Request], rows: list[dict[str, Any]]) -> list[Response]:
         ctx = self._context
         ctx.request_ids = {i: r.request_id for i, r in enumerate(requests)}
-        ctx.request_processor = [RequestProcessor(_request_headers(r)) for r in requests]
+        ctx.request_processor = [RequestProcessor(_request_headers(r), r.control) for r in requests]
         ctx.metrics.set_request_ids(ctx.request_ids)
         start = time.perf_counter()
         try:
@@ -120,7 +148,7 @@ class Service:
                 return [response for r in requests for response in self._run([r], [self._decode_request(r)])]
             # KServe's clients get the handler's error, as KServe's model server answers; TorchServe's routes keep
             # TorchServe's bare "Prediction failed".
-            return [_exception_response(exc, detail=PROTOCOL_HEADER in requests[0].headers)]
+            return [_exception_response(exc, detail=requests[0].control.protocol in (KSERVE_V1, OIP_V2))]
         if not isinstance(ret, list):
             logger.warning("model: %s, Invalid return type: %s.", ctx.model_name, type(ret))
             return [error_response(503, "Invalid model predict output") for _ in requests]
@@ -153,9 +181,10 @@ class Service:
 
 
 def _request_headers(request: Request) -> dict[str, Any]:
-    # As TorchServe's worker: one {"content-type": ...} entry per input name, then the HTTP headers.
+    # As TorchServe's worker: one {"content-type": ...} entry per input name, then the HTTP headers; the server's
+    # control headers (``explain``, ``describe``) from the typed control, never a client's copy.
     headers: dict[str, Any] = {p.name: {"content-type": p.content_type} for p in request.inputs}
-    headers.update(request.headers)
+    headers.update(handler_headers(request.headers, request.control))
     return headers
 
 
@@ -186,6 +215,7 @@ def load_service(
     limit_max_image_pixels: bool = True,
     decode_input_request: bool = True,
     service_envelope: str | None = None,
+    tensor_limits: TensorLimits | None = None,
 ) -> Service:
     """Import the handler named by ``manifest["model"]["handler"]`` and initialise it. Its entry point is wrapped by
     the request envelopes (``servetune.handlers.envelopes``: KServe v1 / OIP v2 requests, ``service_envelope``).
@@ -205,15 +235,34 @@ def load_service(
         MetricsCache(model_name),
         model_yaml_config,
     )
+    if tensor_limits is not None:
+        context.tensor_limits = tensor_limits
     try:
         entry_point, initialize = resolve_entry_point(module, function_name)
         initialize(context)
+        _check_optimization_applied(context, handler)
     except HandlerError:
         raise
     except Exception as exc:
         raise HandlerError(f"model {model_name!r}: handler {handler!r} failed to load: {_summary(exc)}") from exc
     wrapped = with_envelopes(entry_point, module, service_envelope)
-    return Service(context, wrapped, decode_input_request=decode_input_request)
+    explains = handler_explains(wrapped.owner)
+    metadata = handler_metadata(wrapped.owner)
+    return Service(context, wrapped, decode_input_request=decode_input_request, explains=explains, metadata=metadata)
+
+
+def _check_optimization_applied(context: Context, handler: str) -> None:
+    """A variant named in model-config.yaml (``optimization``) is applied by ``BaseHandler.initialize``; a handler that
+    never ran it (a plain function, a class of its own) would serve the eager model under the variant's name: a load
+    error instead, saying why."""
+    name = context.model_yaml_config.get("optimization")
+    if name and name != "eager" and not context.applies_optimization:
+        raise HandlerError(
+            f"model {context.model_name!r}: model-config.yaml says optimization={name!r}, but handler {handler!r} "
+            "does not apply it: variants are applied by BaseHandler.initialize, which this handler (a plain function "
+            "or a class of its own) never runs. Build the handler on BaseHandler (or have it call BaseHandler's "
+            "initialize), or remove the key (docs/optimize.md)"
+        )
 
 
 def _handler_name(manifest: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.handlers.service import Service, import_handler, load_service
+from servetune.tensor_limits import TensorLimits
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class WorkerSpec:
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
     service_envelope: str | None = None  # TorchServe's service_envelope, for requests on its own routes
+    tensor_limits: tuple[int, int, int] | None = None  # the server's max_tensor_* keys (None: the defaults)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,6 +48,8 @@ class WorkerSpec:
     def from_json(cls, raw: dict[str, Any]) -> WorkerSpec:
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
         known["cpu_cores"] = tuple(known.get("cpu_cores") or ())
+        if known.get("tensor_limits") is not None:
+            known["tensor_limits"] = tuple(known["tensor_limits"])
         return cls(**known)
 
 
@@ -176,6 +180,7 @@ def start_service(spec: WorkerSpec) -> Service:
         limit_max_image_pixels=spec.limit_max_image_pixels,
         decode_input_request=spec.decode_input_request,
         service_envelope=spec.service_envelope,
+        tensor_limits=TensorLimits(*spec.tensor_limits) if spec.tensor_limits else None,
     )
 
 

@@ -54,13 +54,16 @@ def apply_variant(
     cache_dir: Path | None = None,
     tolerance: Tolerance | Mapping[str, float] | None = None,
     check: bool = True,
+    max_batch: int | None = None,
 ) -> VariantModel:
     """Convert ``model`` (put in eval mode, otherwise left untouched) into the variant ``name`` on ``device``.
 
     ``example_inputs`` are the positional arguments of one model call, as the handler gives them (on ``device``).
     They drive tracing and export, and the parity check against eager that runs unless ``check`` is False;
-    without them only eager can be checked. ``cache_dir`` keeps converted artifacts (TorchScript, ONNX) between
-    loads. ``tolerance`` replaces the variant's default tolerance, or overrides some of its fields.
+    without them only eager can be checked. ``cache_dir`` keeps converted artifacts (TorchScript, ONNX, ``.pt2``)
+    between loads. ``tolerance`` replaces the variant's default tolerance, or overrides some of its fields.
+    ``max_batch`` is the largest batch the exported variants (``export``, ``aoti``) must take: their batch dimension
+    is dynamic from 1 to it (at least the parity samples' batch).
 
     Raises ConfigError for a malformed name, VariantNotApplicable (with ``reason``) when the variant cannot apply
     to this model or device or fails to convert, and ParityError (with ``report``) when its answers differ.
@@ -72,7 +75,7 @@ def apply_variant(
     example = tuple(example_inputs) if example_inputs is not None else None
     if check and example is None and canonical != "eager":
         raise VariantNotApplicable(canonical, "example inputs are needed to check parity with eager")
-    stage = Stage(canonical, model, device, example, cache_dir)
+    stage = Stage(canonical, model, device, example, cache_dir, max_batch)
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # conversion noise goes into the variant's notes, not the caller's log

@@ -77,6 +77,11 @@ def load_archive_model(source: Path, workdir: Path) -> ArchiveModel:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.jit")
             model = torch.jit.load(str(serialized), map_location="cpu")  # type: ignore[no-untyped-call]
+    elif serialized is not None and serialized.suffix == ".pt2":
+        raise ArchiveError(
+            f"{source}: its model is a .pt2, already exported or compiled (served as it is); servetune optimize "
+            "takes the eager (modelFile + serializedFile) or TorchScript (.pt) archive it came from"
+        )
     else:
         raise ArchiveError(
             f"{source}: servetune optimize needs an eager model (modelFile + serializedFile) or TorchScript (.pt)"

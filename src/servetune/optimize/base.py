@@ -2,9 +2,9 @@
 and :class:`VariantModel`, the callable a chain produces.
 
 A chain runs in kind order: ``layout`` (memory format), ``precision`` (dtype or quantization), then at most one
-``backend`` (TorchScript, torch.compile, ONNX Runtime). Layout and precision variants only record what they want
-(``Stage.transforms``, input dtype and format); the module is built once, on a copy, when something asks for it,
-so a backend that finds its artifact in the cache never builds it at all.
+``backend`` (TorchScript, torch.compile, ONNX Runtime, torch.export, AOTInductor). Layout and precision variants
+only record what they want (``Stage.transforms``, input dtype and format); the module is built once, on a copy,
+when something asks for it, so a backend that finds its artifact in the cache never builds it at all.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ class Stage:
     device: torch.device
     example_inputs: ModelInputs | None
     cache_dir: Path | None = None
+    max_batch: int | None = None  # the largest batch an exported variant must take (its dynamic batch's bound)
     input_dtype: torch.dtype | None = None
     memory_format: torch.memory_format | None = None
     autocast_dtype: torch.dtype | None = None

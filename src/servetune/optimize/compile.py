@@ -16,7 +16,7 @@ from servetune.optimize.base import Stage, Variant
 from servetune.optimize.parity import Tolerance
 
 
-def _cxx_compiler() -> str | None:
+def cxx_compiler() -> str | None:
     for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++"):
         if name and shutil.which(name):
             return name
@@ -31,7 +31,7 @@ class Compile(Variant):
     def check(self, stage: Stage) -> str | None:
         if isinstance(stage.source, torch.jit.ScriptModule):
             return "torch.compile does not take a TorchScript module"
-        if stage.device.type == "cpu" and _cxx_compiler() is None:
+        if stage.device.type == "cpu" and cxx_compiler() is None:
             return "inductor on CPU needs a C++ compiler (g++ or clang++) and none is on PATH"
         return None
 

@@ -120,10 +120,17 @@ def _convert(
     make_inputs: InputMaker,
     cache_dir: Path | None,
     tolerance: Tolerance | Mapping[str, float] | None,
+    max_batch: int | None = None,
 ) -> tuple[VariantResult, VariantModel | None]:
     try:
         variant = apply_variant(
-            name, model, device=device, example_inputs=make_inputs(2), cache_dir=cache_dir, tolerance=tolerance
+            name,
+            model,
+            device=device,
+            example_inputs=make_inputs(2),
+            cache_dir=cache_dir,
+            tolerance=tolerance,
+            max_batch=max_batch,
         )
     except VariantNotApplicable as exc:
         return VariantResult(exc.variant, "n/a", reason=exc.reason), None
@@ -154,11 +161,14 @@ def measure_variant(
     warmup: int = 3,
     cache_dir: Path | None = None,
     tolerance: Tolerance | Mapping[str, float] | None = None,
+    max_batch: int | None = None,
 ) -> VariantResult:
     """Apply ``name`` to ``model`` (example inputs: ``make_inputs(2)``) and, when it applies, time it.
-    Peak memory covers the conversion, the parity check and the timed calls."""
+    Peak memory covers the conversion, the parity check and the timed calls. ``max_batch``: the exported variants'
+    batch bound (default: the largest of ``batch_sizes``)."""
     with peak_memory(device) as peak:
-        result, variant = _convert(name, model, device, make_inputs, cache_dir, tolerance)
+        bound = max_batch or max(batch_sizes, default=None)
+        result, variant = _convert(name, model, device, make_inputs, cache_dir, tolerance, bound)
         if variant is not None:
             for batch in batch_sizes:
                 result.latency_ms[batch] = median_latency_ms(variant, make_inputs(batch), device, repeat, warmup)
@@ -179,12 +189,14 @@ def measure_variants(
     tolerance: Tolerance | Mapping[str, float] | None = None,
     interleave: bool = False,
     progress: Callable[[str], None] | None = None,
+    max_batch: int | None = None,
 ) -> list[VariantResult]:
     """Measure each variant, eager first (the baseline).
 
     One after the other by default. With ``interleave`` every variant is converted first (all are held in memory at
     once; peak memory then covers conversion and parity only), and the timed calls go round-robin, one call of each
     variant per round: a machine whose load drifts slows every variant alike, and the ratios to eager hold.
+    ``max_batch`` bounds the exported variants' dynamic batch (default: the largest of ``batch_sizes``).
     """
     ordered = sorted(names, key=lambda n: n != "eager")
     say = progress or (lambda _: None)
@@ -203,6 +215,7 @@ def measure_variants(
                     warmup=warmup,
                     cache_dir=cache_dir,
                     tolerance=tolerance,
+                    max_batch=max_batch,
                 )
             )
         return results
@@ -210,7 +223,8 @@ def measure_variants(
     for name in ordered:
         say(f"{name}: converting, checking parity")
         with peak_memory(device) as peak:
-            result, variant = _convert(name, model, device, make_inputs, cache_dir, tolerance)
+            bound = max_batch or max(batch_sizes, default=None)
+            result, variant = _convert(name, model, device, make_inputs, cache_dir, tolerance, bound)
             if variant is not None:
                 result.peak_mib = max(0.0, peak())
                 ready.append((result, variant))

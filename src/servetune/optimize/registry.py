@@ -7,10 +7,9 @@ refused outright because they cannot make sense whatever the model.
 
 from __future__ import annotations
 
-import importlib
-
 from servetune._exceptions import ConfigError
 from servetune.optimize.base import KIND_ORDER, Variant
+from servetune.registry import registered
 
 VARIANTS: dict[str, str] = {
     "eager": "servetune.optimize.eager:Eager",
@@ -21,6 +20,8 @@ VARIANTS: dict[str, str] = {
     "torchscript": "servetune.optimize.torchscript:TorchScript",
     "compile": "servetune.optimize.compile:Compile",
     "onnx": "servetune.optimize.onnx:Onnx",
+    "export": "servetune.optimize.export:Export",
+    "aoti": "servetune.optimize.aoti:Aoti",
 }
 
 # Combinations tried by default (``servetune optimize`` without --variants), after the single variants.
@@ -31,16 +32,17 @@ INCOMPATIBLE: dict[frozenset[str], str] = {
     frozenset({"channels_last", "onnx"}): "ONNX Runtime chooses its own memory layout; channels_last has no effect",
     frozenset({"int8-dynamic", "onnx"}): "dynamically quantized layers do not export to ONNX",
     frozenset({"bf16", "onnx"}): "ONNX Runtime is fed through numpy, which has no bfloat16",
+    frozenset({"int8-dynamic", "export"}): "dynamically quantized layers hold packed parameters torch.export cannot "
+    "trace",
+    frozenset({"int8-dynamic", "aoti"}): "dynamically quantized layers hold packed parameters torch.export cannot "
+    "trace",
 }
 
 
 def load_variant(name: str) -> Variant:
     """Instantiate the variant registered under ``name``."""
-    target = VARIANTS.get(name)
-    if target is None:
-        raise ConfigError(f"unknown optimization variant {name!r}; expected one of {sorted(VARIANTS)}")
-    module_name, _, attr = target.partition(":")
-    cls: type[Variant] = getattr(importlib.import_module(module_name), attr)
+    unknown = f"unknown optimization variant {name!r}; expected one of {sorted(VARIANTS)}"
+    cls: type[Variant] = registered(VARIANTS, name, unknown)
     return cls()
 
 

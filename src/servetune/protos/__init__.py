@@ -83,25 +83,17 @@ CONTENTS_FIELDS: dict[str, str | None] = {
     "BYTES": "bytes_contents",
 }
 
-# The metadata the inference RPCs answer with (trailing), as the REST API's X-Servetune-* headers.
-QUEUE_MS = "x-servetune-queue-ms"
-HANDLER_MS = "x-servetune-handler-ms"
-BATCH_SIZE = "x-servetune-batch-size"
-
 TORCHSERVE_INFERENCE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"
 TORCHSERVE_MANAGEMENT = "org.pytorch.serve.grpc.management.ManagementAPIsService"
 OIP = "inference.GRPCInferenceService"
 HEALTH = "grpc.health.v1.Health"
 
 __all__ = [
-    "BATCH_SIZE",
     "CONTENTS_FIELDS",
-    "HANDLER_MS",
     "HEALTH",
     "OIP",
     "POOL",
     "PROTO_FILES",
-    "QUEUE_MS",
     "TORCHSERVE_INFERENCE",
     "TORCHSERVE_MANAGEMENT",
     "Method",

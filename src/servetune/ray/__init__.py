@@ -10,6 +10,8 @@ functions below raise ``ConfigError`` with the install command when it is missin
     export_serve_config(config, models, path) -> Path       write the ``serve deploy`` / KubeRay config
     plan_models(config, models) -> list[ModelPlan]          what would be deployed
     serve_config(plans, host=, port=, proxy_location=)      the Serve config as a dict
+    ModelPlan.served -> ServedModel                         what the frontend and the replicas are told of a model;
+                                                            its ``resolve(version)`` is every version lookup on Ray
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from servetune.ray._require import INSTALL_HINT, ray_available, require_ray
 from servetune.ray.backend import RayBackend, check_config
 from servetune.ray.controller import RayCluster, ReplicaInfo
 from servetune.ray.driver import export_serve_config, plan_models, serve_on_ray
-from servetune.ray.plan import MAX_ONGOING_BATCHES, ONGOING_BATCHES, ModelPlan, RayVersion
+from servetune.ray.plan import MAX_ONGOING_BATCHES, ONGOING_BATCHES, ModelPlan, RayVersion, ServedModel
 from servetune.ray.serve_config import serve_config, write_serve_config
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "RayCluster",
     "RayVersion",
     "ReplicaInfo",
+    "ServedModel",
     "check_config",
     "export_serve_config",
     "plan_models",

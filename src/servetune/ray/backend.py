@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from servetune.config.server import ServerConfig
 from servetune.ray.controller import RayCluster
 from servetune.ray.metrics import SummedReports, start_sink
 from servetune.ray.plan import FRONTEND_APP, ModelPlan, RayVersion, deployment_name, ray_version, read_plan
-from servetune.ray.serve_config import serve_config, server_settings
+from servetune.ray.serve_config import serve_config
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 REMOVE_WAIT_S = 60.0
@@ -136,7 +134,7 @@ class RayBackend:
             host=self.cluster.host,
             port=self.port,
             proxy_location=self.cluster.proxy_location,
-            server=server_settings(self.config),
+            server=self.config,
             starting=self._starting,
             failed=self._failed,
         )
@@ -176,35 +174,15 @@ class RayBackend:
     # ---- inference (through handles: the driver's own calls, e.g. a customized describe) -----
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
-        from ray import serve
-        from ray.exceptions import RayError
+        from servetune.ray import handles  # imports Ray: only once a request needs it
 
-        rv = self.get(name, version)
-        if not rv.serving:
+        model = self.plans.get(name)
+        if model is None:
+            raise ApiError.model_not_found(name)
+        meant, deployed = model.served.resolve(version)
+        if not deployed:
             raise ApiError.no_worker(name)
-        handle = serve.get_deployment_handle(deployment_name(name, rv.version), app_name=name)
-        sent = dataclasses.replace(request, is_disconnected=None, on_partial=None)
-        try:
-            if request.on_partial is None:
-                result: InferResult = await handle.infer_remote.remote(sent)
-                return result
-            return await self._stream(handle, sent, request.on_partial)
-        except RayError as exc:
-            raise ApiError.unavailable(f"Worker died while running this request: {exc}") from None
-
-    @staticmethod
-    async def _stream(handle: Any, request: InferRequest, on_partial: Callable[[InferResult], None]) -> InferResult:
-        """A streaming request through the replica's ``stream_remote``: intermediate answers to ``on_partial`` as
-        they come, the final one returned."""
-        final: InferResult | None = None
-        async for is_final, result in handle.options(stream=True).stream_remote.remote(request):
-            if is_final:
-                final = result
-            else:
-                on_partial(result)
-        if final is None:
-            raise ApiError.unavailable("The replica ended the stream without a final answer")
-        return final
+        return await handles.infer(handles.version_handle(name, meant), request)
 
     async def healthy(self) -> bool:
         from servetune.ray.frontend import cluster_healthy
@@ -220,8 +198,20 @@ class RayBackend:
         return await asyncio.to_thread(self.cluster.wait_replicas, name, rv.version, count, 0.0)
 
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        """Asked of a replica of the version (its handler's metadata is there); a version without replicas declares
+        only what its model-config.yaml does."""
+        from ray import serve
+        from ray.exceptions import RayError
+
         rv = self.get(name, version)
-        return await model_metadata(self, rv.plan, list(self.plans[name].versions))
+        if not rv.serving:
+            return model_metadata(rv.plan, list(self.plans[name].versions))
+        handle = serve.get_deployment_handle(deployment_name(name, rv.version), app_name=name)
+        try:
+            metadata: ModelMetadata = await handle.metadata_remote.remote()
+        except RayError as exc:
+            raise ApiError.unavailable(f"Worker died while reading the model's metadata: {exc}") from None
+        return metadata
 
     # ---- management --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from servetune.api.server import ApiServer, startup_models
 from servetune.config.server import ServerConfig
 from servetune.ray.backend import RayBackend, check_config, proxy_location_for
 from servetune.ray.plan import ModelPlan, RayVersion, deployment_name, read_plan
-from servetune.ray.serve_config import serve_config, server_settings, write_serve_config
+from servetune.ray.serve_config import serve_config, write_serve_config
 
 
 def serve_on_ray(
@@ -69,7 +69,7 @@ def export_serve_config(config: ServerConfig, models: tuple[str, ...], path: Pat
         host=address.host,
         port=address.port,
         proxy_location=proxy_location_for(address.host),
-        server=server_settings(config),
+        server=config,
     )
     return write_serve_config(path, written)
 

@@ -10,13 +10,11 @@ its minimum of healthy workers.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import time
-from typing import Any
+from collections.abc import Sequence
 
 from ray import serve
-from ray.exceptions import RayError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -24,12 +22,12 @@ from servetune._exceptions import ApiError
 from servetune.api.inference import create_inference_app
 from servetune.api.metrics import ApiMetrics
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, Readiness
-from servetune.config.server import ServerConfig
+from servetune.ray import handles
 from servetune.ray.asgi import call_app
 from servetune.ray.controller import state_name
 from servetune.ray.metrics import Reporter
-from servetune.ray.plan import deployment_name
-from servetune.ray.serve_config import SERVER_KEYS
+from servetune.ray.plan import Resolved, ServedModel, deployment_name
+from servetune.ray.serve_config import FrontendArgs
 
 HEALTH_CACHE_S = 1.0
 HEALTHY_DEPLOYMENT_STATES = ("HEALTHY", "UPSCALING", "DOWNSCALING")
@@ -65,42 +63,26 @@ class FrontendView:
     application takes it); any other request for a model (a path its application does not own) goes to the version's
     deployment through a handle."""
 
-    def __init__(self, models: list[str], idle: set[str], versions: dict[str, dict[str, Any]] | None = None) -> None:
-        self.served = list(models)
-        self.idle = idle
-        self.versions = versions or {name: {"default": "", "serving": [], "idle": []} for name in {*models, *idle}}
+    def __init__(self, models: Sequence[ServedModel]) -> None:
+        self.models_served = {model.name: model for model in models}
+        self.served = [model.name for model in models if model.serving]
         self._health: tuple[float, bool] = (0.0, False)
         self._ready: dict[str, tuple[float, bool]] = {}
 
-    def _version(self, name: str, version: str | None) -> tuple[str, bool]:
-        """The version meant (the default when None) and whether it has replicas; raises ApiError 404."""
-        known = self.versions.get(name)
-        if known is None:
+    def _resolve(self, name: str, version: str | None) -> Resolved:
+        model = self.models_served.get(name)
+        if model is None:
             raise ApiError.model_not_found(name)
-        version = version or str(known["default"])
-        if version in known["idle"] or name in self.idle:
-            return version, False
-        if version not in known["serving"]:
-            raise ApiError.version_not_found(name, version)
-        return version, True
+        return model.resolve(version)
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
-        version, serving = self._version(name, version)
-        if not serving:
+        meant, deployed = self._resolve(name, version)
+        if not deployed:
             raise ApiError.no_worker(name)
-        handle = serve.get_deployment_handle(deployment_name(name, version), app_name=name)
-        try:
-            result: InferResult = await handle.infer_remote.remote(dataclasses.replace(request, is_disconnected=None))
-        except RayError as exc:
-            raise ApiError.unavailable(f"Worker died while running this request: {exc}") from None
-        return result
+        return await handles.infer(handles.version_handle(name, meant), request)
 
     def models(self) -> list[ModelRef]:
-        return [
-            ModelRef(name, version, "", version == info["default"])
-            for name, info in sorted(self.versions.items())
-            for version in sorted({*info["serving"], *info["idle"]})
-        ]
+        return [ref for _, model in sorted(self.models_served.items()) for ref in model.refs()]
 
     async def healthy(self) -> bool:
         checked, healthy = self._health
@@ -115,50 +97,36 @@ class FrontendView:
     async def ready(self, name: str, version: str | None) -> bool:
         """A version scaled to 0 workers needs none (TorchServe's rule: minWorkers ready); else its deployment must
         be healthy with a running replica."""
-        version, serving = self._version(name, version)
-        if not serving:
+        meant, deployed = self._resolve(name, version)
+        if not deployed:
             return True
-        key = f"{name}/{version}"
+        key = f"{name}/{meant}"
         checked, ready = self._ready.get(key, (0.0, False))
         if time.monotonic() - checked > HEALTH_CACHE_S:
             try:
-                ready = await asyncio.to_thread(deployment_ready, name, version)
+                ready = await asyncio.to_thread(deployment_ready, name, meant)
             except Exception:  # noqa: BLE001 - the controller unreachable or restarting: not ready
                 ready = False
             self._ready[key] = (time.monotonic(), ready)
         return ready
 
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
-        version, serving = self._version(name, version)
-        info = self.versions[name]
-        versions = tuple(sorted({*info["serving"], *info["idle"]}))
-        if not serving:
-            return ModelMetadata(name, versions, "")  # no replica holds its plan: no tensors
-        handle = serve.get_deployment_handle(deployment_name(name, version), app_name=name)
-        try:
-            metadata: ModelMetadata = await handle.metadata_remote.remote()
-        except RayError as exc:
-            raise ApiError.unavailable(f"Worker died while reading the model's metadata: {exc}") from None
-        return metadata
+        meant, deployed = self._resolve(name, version)
+        if not deployed:
+            return ModelMetadata(name, self.models_served[name].versions, "")  # no replica holds its plan: no tensors
+        return await handles.metadata(handles.version_handle(name, meant))
 
 
 class Frontend:
-    def __init__(
-        self,
-        models: list[str],
-        idle_models: list[str] | None = None,
-        starting: bool = False,
-        failed: dict[str, str] | None = None,
-        server: dict[str, Any] | None = None,
-        versions: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
-        self.view = FrontendView(models, set(idle_models or ()), versions)
-        config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
-        readiness = Readiness(starting=starting, failed=dict(failed or {}))
+    """Deployment class of the ``servetune`` application: the API layer's inference app over :class:`FrontendView`."""
+
+    def __init__(self, args: FrontendArgs) -> None:
+        self.view = FrontendView(args.models)
+        readiness = Readiness(starting=args.starting, failed=dict(args.failed))
         # the requests answered here through handles (KServe v1, OIP v2, other versions) are counted here
         self.metrics = ApiMetrics()
         self.reporter = Reporter(self.metrics.registry, f"frontend/{os.getpid()}")
-        self.app = create_inference_app(self.view, config, metrics=self.metrics, readiness=readiness)
+        self.app = create_inference_app(self.view, args.server, metrics=self.metrics, readiness=readiness)
 
     async def __call__(self, request: Request) -> Response:
         self.reporter.ensure_started()

@@ -5,6 +5,10 @@ A version's plan travels to its replicas in the application's args (Ray hashes t
 change redeploys); what changes in place travels in ``user_config`` (batch size, delay, threads). The driver only
 reads archives; each replica opens the archive again itself (``VersionPlan.archive``), so the path must be
 visible on every node that runs a replica (a shared volume, or the image).
+
+What the frontend and the replicas know of a model (its versions, which have replicas, its default) is one
+:class:`ServedModel`, the driver's :class:`ModelPlan` reduced; every "which version does this request mean" on Ray,
+in the driver, the frontend or a replica, is its :meth:`ServedModel.resolve`.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import shutil
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from servetune._exceptions import ApiError, ArchiveError, ConfigError
 from servetune.api.plan import RegisterParams, VersionPlan, plan_version
+from servetune.api.types import ModelRef
 from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
 
@@ -93,6 +99,62 @@ def ray_version(plan: VersionPlan) -> RayVersion:
     )
 
 
+class Resolved(NamedTuple):
+    """The version a request means, and whether it has replicas to answer it."""
+
+    version: str
+    deployed: bool
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model as the frontend and its replicas see it: every registered version, those with a deployment, and the
+    default. A model whose default version has no workers has no application, so none of its versions is deployed.
+    Shipped in the Serve config's args (:meth:`to_json`)."""
+
+    name: str
+    default: str
+    versions: tuple[str, ...]  # every registered version, sorted
+    deployed: tuple[str, ...]  # the versions with a deployment, sorted
+
+    def __post_init__(self) -> None:
+        if self.default not in self.versions:
+            raise ValueError(f"model {self.name}: default version {self.default!r} is not one of {self.versions}")
+        if not set(self.deployed) <= set(self.versions):
+            raise ValueError(f"model {self.name}: deployed versions {self.deployed} are not all in {self.versions}")
+        if self.deployed and self.default not in self.deployed:
+            raise ValueError(f"model {self.name}: versions {self.deployed} are deployed without the default")
+
+    @property
+    def serving(self) -> bool:
+        """Whether the model has an application (its default version has workers)."""
+        return self.default in self.deployed
+
+    def resolve(self, version: str | None) -> Resolved:
+        """The version meant (the default for None) and whether it is deployed; ApiError 404 for one not registered."""
+        meant = self.default if version is None else version
+        if meant not in self.versions:
+            raise ApiError.version_not_found(self.name, meant)
+        return Resolved(meant, meant in self.deployed)
+
+    def refs(self) -> list[ModelRef]:
+        return [ModelRef(self.name, v, "", v == self.default) for v in self.versions]
+
+    def to_json(self) -> dict[str, Any]:
+        versions, deployed = list(self.versions), list(self.deployed)
+        return {"name": self.name, "default": self.default, "versions": versions, "deployed": deployed}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ServedModel:
+        """Read :meth:`to_json`'s form; ValueError says what is wrong (a hand-edited Serve config)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not isinstance(raw.get("default"), str):
+            raise ValueError(f"expected a served model {{name, default, versions, deployed}}, got {raw!r}")
+        lists = [raw.get("versions"), raw.get("deployed", [])]
+        if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in lists):
+            raise ValueError(f"model {raw['name']}: versions and deployed must be lists of version strings")
+        return cls(raw["name"], raw["default"], tuple(sorted(lists[0])), tuple(sorted(lists[1])))
+
+
 @dataclass(frozen=True)
 class ModelPlan:
     """A model name: one Ray Serve application at ``/predictions/<name>``, one deployment per version."""
@@ -105,12 +167,15 @@ class ModelPlan:
     def serving(self) -> bool:
         return self.versions[self.default_version].serving
 
+    @property
+    def served(self) -> ServedModel:
+        """What the frontend and the replicas are told of this model."""
+        deployed = sorted(v for v, p in self.versions.items() if p.serving) if self.serving else []
+        return ServedModel(self.name, self.default_version, tuple(sorted(self.versions)), tuple(deployed))
+
     def get(self, version: str | None) -> RayVersion:
-        if version is None:
-            return self.versions[self.default_version]
-        if version not in self.versions:
-            raise ApiError.version_not_found(self.name, version)
-        return self.versions[version]
+        """The version meant (the default for None); ApiError 404 for one not registered."""
+        return self.versions[self.served.resolve(version).version]
 
 
 def deployment_name(model: str, version: str) -> str:
@@ -145,6 +210,8 @@ __all__ = [
     "ONGOING_BATCHES",
     "ModelPlan",
     "RayVersion",
+    "Resolved",
+    "ServedModel",
     "default_workers",
     "deployment_name",
     "ray_version",

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ray import serve
-from ray.exceptions import RayError
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
@@ -38,9 +36,10 @@ from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import apply_cpu, start_service
+from servetune.ray import handles
 from servetune.ray.asgi import call_app
 from servetune.ray.metrics import Reporter
-from servetune.ray.serve_config import SERVER_KEYS
+from servetune.ray.plan import ServedModel
 
 DEFAULT_DELAY_S = 0.1
 
@@ -59,35 +58,34 @@ def _error(request: InferRequest, error: ApiError) -> InferResult:
 
 class ReplicaView:
     """The inference API's backend inside a replica: its own version through its batch queue, the model's other
-    versions through their handles."""
+    versions through their handles (``others``, bound by the application; the ingress replica holds them)."""
 
-    def __init__(self, replica: ModelReplica, others: dict[str, Any], idle: set[str], default: str) -> None:
+    def __init__(self, replica: ModelReplica, model: ServedModel, others: Mapping[str, Any]) -> None:
         self.replica = replica
+        self.model = model
         self.others = others
-        self.idle = idle
-        self.default = default
+
+    def _other(self, name: str, version: str | None) -> tuple[str, Any | None]:
+        """The version meant and, for another deployed version, its handle (None: this replica's own version, or
+        one without replicas); ApiError 404 for another model or a version not registered."""
+        if name != self.model.name:
+            raise ApiError.model_not_found(name)
+        meant, deployed = self.model.resolve(version)
+        if meant == self.replica.plan.version or not deployed:
+            return meant, None
+        bound = self.others.get(meant)
+        return meant, bound if bound is not None else handles.version_handle(name, meant)
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
-        plan = self.replica.plan
-        if name != plan.name:
-            raise ApiError.model_not_found(name)
-        if version is None or version == plan.version:
+        meant, other = self._other(name, version)
+        if meant == self.replica.plan.version:
             return await self.replica.infer(request)
-        if version in self.idle:
-            raise ApiError.no_worker(name)
-        other = self.others.get(version)
         if other is None:
-            raise ApiError.version_not_found(name, version)
-        try:
-            result: InferResult = await other.infer_remote.remote(dataclasses.replace(request, is_disconnected=None))
-        except RayError as exc:  # the other version's replica died mid-request
-            raise ApiError.unavailable(f"Worker died while running this request: {exc}") from None
-        return result
+            raise ApiError.no_worker(name)
+        return await handles.infer(other, request)
 
     def models(self) -> list[ModelRef]:
-        name = self.replica.plan.name
-        versions = sorted({self.replica.plan.version, *self.others, *self.idle})
-        return [ModelRef(name, v, "", v == self.default) for v in versions]
+        return self.model.refs()
 
     async def healthy(self) -> bool:
         return True  # a replica answering is a running replica (Ray's proxy routes only to those)
@@ -96,34 +94,27 @@ class ReplicaView:
         return True
 
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
-        plan = self.replica.plan
-        if name != plan.name:
-            raise ApiError.model_not_found(name)
-        versions = [ref.version for ref in self.models()]
-        if version is None or version == plan.version:
-            return await model_metadata(self, plan, versions)
-        if version in self.idle:
-            return ModelMetadata(name, tuple(versions), "")  # no replica holds its plan: no tensors
-        other = self.others.get(version)
+        meant, other = self._other(name, version)
+        if meant == self.replica.plan.version:
+            return model_metadata(self.replica.plan, list(self.model.versions), self.replica.service.metadata)
         if other is None:
-            raise ApiError.version_not_found(name, version)
-        metadata: ModelMetadata = await other.metadata_remote.remote()
-        return metadata
+            return ModelMetadata(name, self.model.versions, "")  # no replica holds its plan: no tensors
+        return await handles.metadata(other)
 
 
 class ModelReplica:
-    """Deployment class of a model version. ``others`` are handles to the model's other versions' deployments;
-    ``idle`` names its versions scaled to 0 workers."""
+    """Deployment class of a model version: ``plan`` is the version it serves, ``model`` the model as served (its
+    versions, which are deployed, its default), ``others`` handles to the other deployed versions' deployments (the
+    ingress replica's; empty for the others), ``server`` the inference API's settings."""
 
     def __init__(
         self,
-        plan: dict[str, Any],
-        others: dict[str, Any] | None = None,
-        idle: list[str] | None = None,
-        server: dict[str, Any] | None = None,
-        default: str | None = None,
+        model: ServedModel,
+        plan: VersionPlan,
+        others: Mapping[str, Any] | None = None,
+        server: ServerConfig | None = None,
     ) -> None:
-        self.plan = VersionPlan.from_json(plan)
+        self.plan = plan
         self.stuck: str | None = None
         workdir = Path(tempfile.mkdtemp(prefix="servetune-replica-"))
         atexit.register(shutil.rmtree, workdir, True)
@@ -131,11 +122,10 @@ class ModelReplica:
         self._streams: dict[str, Callable[[InferResult], None]] = {}  # request id -> its intermediate answers
         self.service.context.partial_sink = self._partial
         self.batched.set_max_batch_size(self.plan.batch_size)  # type: ignore[attr-defined]
-        config = ServerConfig(**{k: v for k, v in (server or {}).items() if k in SERVER_KEYS})
         self.metrics = ApiMetrics()
         self.reporter = Reporter(self.metrics.registry, f"{self.plan.name}/{self.plan.version}/{os.getpid()}")
-        self.view = ReplicaView(self, others or {}, set(idle or ()), default or self.plan.version)
-        self.app = create_inference_app(self.view, config, metrics=self.metrics)
+        self.view = ReplicaView(self, model, others or {})
+        self.app = create_inference_app(self.view, server or ServerConfig(), metrics=self.metrics)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """``user_config`` changes apply in place, from the next batch on: the batch size (the batch queue's and the
@@ -157,7 +147,7 @@ class ModelReplica:
 
     async def infer(self, request: InferRequest) -> InferResult:
         """One request through this version's batch queue; a describe request runs in a batch of its own."""
-        if request.describe:
+        if request.control.describe:
             return (await self._run([request]))[0]
         result: InferResult = await self.batched(request)
         return result
@@ -218,7 +208,7 @@ class ModelReplica:
         started = time.monotonic()
         if self.stuck is not None:  # a timed-out batch may still hold the handler: wait for the replacement
             return [_error(r, ApiError.unavailable(self.stuck)) for r in requests]
-        batch = [Request(r.request_id, r.headers, r.inputs) for r in requests]
+        batch = [Request(r.request_id, r.headers, r.inputs, r.control) for r in requests]
         timeout = float(self.plan.response_timeout_s)
         try:
             responses = await asyncio.wait_for(asyncio.to_thread(self.service.predict, batch), timeout)

@@ -7,33 +7,117 @@ batch size and delay -> ``@serve.batch`` max size and wait, through ``user_confi
 ``reconfigure``), ``deviceType: gpu`` -> one GPU per replica.
 
 Only ``num_replicas``/``autoscaling_config``/``user_config``/``max_ongoing_requests`` changes keep replicas: Ray
-hashes the import path and args into the code version, so anything else redeploys the application. The args carry
-each version's plan as its replicas load it (the handler's context at ``initialize``); ``user_config`` the live
-batch size, delay and threads.
+hashes the import path and args into the code version, so anything else redeploys the application. The args are
+typed at both ends: :class:`ModelArgs` (the model as served, each deployed version's plan as its replicas load it,
+the API settings) and :class:`FrontendArgs` (every model as served, start-up state, the API settings), written here
+with ``to_json`` and read back by the application builders (``servetune.ray.app``) with ``from_json``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from servetune.api.plan import VersionPlan
 from servetune.config.server import ServerConfig
-from servetune.ray.plan import FRONTEND_APP, ModelPlan, RayVersion, deployment_name
+from servetune.ray.plan import FRONTEND_APP, ONGOING_BATCHES, ModelPlan, RayVersion, ServedModel, deployment_name
 
 MODEL_APP_IMPORT = "servetune.ray.app:model_app"
 FRONTEND_APP_IMPORT = "servetune.ray.app:frontend_app"
 FRONTEND_DEPLOYMENT = "Frontend"
-DEFAULT_ONGOING_BATCHES = 2
-SERVER_KEYS = ("max_request_size", "max_response_size")  # the server settings a replica's inference API needs
+# the server settings a replica's inference API needs
+SERVER_KEYS = (
+    "max_request_size",
+    "max_response_size",
+    "max_tensor_elements",
+    "max_tensor_dims",
+    "max_empty_tensor_span",
+)
 
 
 def server_settings(config: ServerConfig) -> dict[str, Any]:
+    """The settings of ``config`` that the replicas' and the frontend's inference API needs, as the args carry them."""
     return {key: getattr(config, key) for key in SERVER_KEYS}
 
 
-def max_ongoing_requests(batch_size: int, batches: int = DEFAULT_ONGOING_BATCHES) -> int:
+def api_config(settings: Any) -> ServerConfig:
+    """The inference API's config from :func:`server_settings`' form (other keys, if any, are ignored)."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"server: expected a mapping of {', '.join(SERVER_KEYS)}, got {settings!r}")
+    return ServerConfig(**{k: v for k, v in settings.items() if k in SERVER_KEYS})
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """A model application's args: what its replicas are built from (``servetune.ray.app:model_app``)."""
+
+    model: ServedModel
+    plans: dict[str, VersionPlan]  # each deployed version's plan
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def __post_init__(self) -> None:
+        if not self.model.serving:
+            raise ValueError(f"model {self.model.name}: its default version {self.model.default!r} has no workers")
+        if set(self.plans) != set(self.model.deployed):
+            raise ValueError(
+                f"model {self.model.name}: plans for {sorted(self.plans)}, deployed {list(self.model.deployed)}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model.to_json(),
+            "versions": {v: plan.to_json() for v, plan in sorted(self.plans.items())},
+            "server": server_settings(self.server),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ModelArgs:
+        plans = raw.get("versions")
+        if not isinstance(plans, dict):
+            raise ValueError(f"versions: expected a mapping of version -> plan, got {plans!r}")
+        return cls(
+            ServedModel.from_json(raw.get("model")),
+            {str(v): VersionPlan.from_json(plan) for v, plan in plans.items()},
+            api_config(raw.get("server") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class FrontendArgs:
+    """The frontend application's args (``servetune.ray.app:frontend_app``): every model as served, whether the
+    driver is still loading its start-up models, those that failed, and the API settings."""
+
+    models: tuple[ServedModel, ...] = ()
+    starting: bool = False
+    failed: dict[str, str] = field(default_factory=dict)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "models": [m.to_json() for m in self.models],
+            "starting": self.starting,
+            "failed": dict(self.failed),
+            "server": server_settings(self.server),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> FrontendArgs:
+        models = raw.get("models") or []
+        failed = raw.get("failed") or {}
+        if not isinstance(models, list) or not isinstance(failed, dict):
+            raise ValueError("models: expected a list of served models; failed: a mapping of model -> error")
+        return cls(
+            tuple(ServedModel.from_json(m) for m in models),
+            bool(raw.get("starting", False)),
+            {str(k): str(v) for k, v in failed.items()},
+            api_config(raw.get("server") or {}),
+        )
+
+
+def max_ongoing_requests(batch_size: int, batches: int = ONGOING_BATCHES) -> int:
     """Requests a replica holds at once: ``batches`` batches (model-config ``rayOngoingBatches``, default 2: one
     running and the next forming meanwhile; with room for one batch only, a replica idles between batches while the
     proxy sends it more: resnet18 on 2 cores at batch 4 served 0.60x the native server instead of 0.74x). With 1,
@@ -66,48 +150,31 @@ def deployment_options(plan: RayVersion) -> dict[str, Any]:
     return options
 
 
-def model_application(model: ModelPlan, server: dict[str, Any]) -> dict[str, Any]:
+def model_application(model: ModelPlan, server: ServerConfig) -> dict[str, Any]:
     """The model's application; versions scaled to 0 workers have no deployment and answer 503 (as TorchServe)."""
-    serving = {v: plan for v, plan in sorted(model.versions.items()) if plan.serving}
+    served = model.served
+    args = ModelArgs(served, {v: model.versions[v].plan for v in served.deployed}, server)
     return {
         "name": model.name,
         "route_prefix": f"/predictions/{model.name}",
         "import_path": MODEL_APP_IMPORT,
-        "args": {
-            "model": model.name,
-            "default_version": model.default_version,
-            "versions": {v: plan.plan.to_json() for v, plan in serving.items()},
-            "idle_versions": sorted(v for v in model.versions if v not in serving),
-            "server": server,
-        },
-        "deployments": [deployment_options(plan) for plan in serving.values()],
+        "args": args.to_json(),
+        "deployments": [deployment_options(model.versions[v]) for v in served.deployed],
     }
 
 
 def frontend_application(
-    models: list[ModelPlan], server: dict[str, Any], starting: bool = False, failed: dict[str, str] | None = None
+    models: list[ModelPlan], server: ServerConfig, starting: bool = False, failed: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """``/ping`` over the served models (Unhealthy while ``starting`` or when a start-up model ``failed``); models
     whose default version has 0 workers are answered 503 here."""
+    served = tuple(m.served for m in sorted(models, key=lambda m: m.name))
+    args = FrontendArgs(served, starting, dict(failed or {}), server)
     return {
         "name": FRONTEND_APP,
         "route_prefix": "/",
         "import_path": FRONTEND_APP_IMPORT,
-        "args": {
-            "models": sorted(m.name for m in models if m.serving),
-            "idle_models": sorted(m.name for m in models if not m.serving),
-            "versions": {
-                m.name: {
-                    "default": m.default_version,
-                    "serving": sorted(v for v, p in m.versions.items() if p.serving),
-                    "idle": sorted(v for v, p in m.versions.items() if not p.serving),
-                }
-                for m in models
-            },
-            "starting": starting,
-            "failed": dict(failed or {}),
-            "server": server,
-        },
+        "args": args.to_json(),
         "deployments": [{"name": FRONTEND_DEPLOYMENT, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}],
     }
 
@@ -118,19 +185,19 @@ def serve_config(
     host: str = "0.0.0.0",
     port: int = 8000,
     proxy_location: str = "EveryNode",
-    server: dict[str, Any] | None = None,
+    server: ServerConfig | None = None,
     starting: bool = False,
     failed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A multi-application Ray Serve config, valid for ``serve deploy`` and KubeRay's ``serveConfigV2``. ``server``:
-    the settings the inference API needs in the replicas (``servetune.ray.app.SERVER_KEYS``)."""
-    server = dict(server or {})
+    the server's config, of which the replicas' inference API gets the :data:`SERVER_KEYS` settings."""
+    server = server or ServerConfig()
     return {
         "proxy_location": proxy_location,
         "http_options": {"host": host, "port": port},
         "applications": [
-            frontend_application(models, dict(server), starting, failed),
-            *(model_application(m, dict(server)) for m in models if m.serving),
+            frontend_application(models, server, starting, failed),
+            *(model_application(m, server) for m in models if m.serving),
         ],
     }
 
@@ -142,6 +209,9 @@ def write_serve_config(path: Path, config: dict[str, Any]) -> Path:
 
 __all__ = [
     "SERVER_KEYS",
+    "FrontendArgs",
+    "ModelArgs",
+    "api_config",
     "deployment_options",
     "max_ongoing_requests",
     "serve_config",

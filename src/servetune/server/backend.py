@@ -88,7 +88,8 @@ class NativeBackend:
 
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
         model = self.registry.get(name, version)
-        return await model_metadata(self, model.plan, [m.version for m in self.registry.all() if m.name == name])
+        versions = [m.version for m in self.registry.all() if m.name == name]
+        return model_metadata(model.plan, versions, model.pool.handler_metadata())
 
     # ---- management --------------------------------------------------------------------------
 
@@ -118,16 +119,12 @@ class NativeBackend:
         return VersionPlan(**{**plan.__dict__, "archive": str(archive.model_dir)})
 
     async def add(self, plan: VersionPlan) -> None:
-        model = ServedModel(plan, Path(plan.archive), self.placement, self._observe_batch)
+        model = ServedModel(plan, Path(plan.archive), self.placement, self.metrics)
         try:
             self.registry.add(model)
         except ApiError:
             await self._forget(plan.archive)
             raise
-
-    def _observe_batch(self, name: str, version: str, size: int) -> None:
-        if self.metrics is not None:
-            self.metrics.observe_batch(name, version, size)
 
     async def scale(self, name: str, version: str | None, min_workers: int, max_workers: int, wait_s: float) -> bool:
         """Workers start here, so a scale always runs to its end (``wait_s`` is for backends that cannot tell)."""

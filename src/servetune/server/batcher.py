@@ -10,6 +10,7 @@ import collections
 import time
 from dataclasses import dataclass
 
+from servetune._exceptions import ServetuneError
 from servetune.api.types import InferRequest, InferResult
 
 
@@ -32,11 +33,17 @@ class Job:
 
     @property
     def abandoned(self) -> bool:
-        gone = self.request.is_disconnected
-        return self.future.done() or (gone is not None and gone())
+        """Answered already, or nobody waits for the answer: the client went away or its deadline passed."""
+        request = self.request
+        gone, deadline = request.is_disconnected, request.deadline
+        return (
+            self.future.done()
+            or (gone is not None and gone())
+            or (deadline is not None and time.monotonic() >= deadline)
+        )
 
 
-class QueueFull(Exception):
+class QueueFull(ServetuneError):
     """The model's job queue is at capacity (internal: the served model answers ``ApiError.queue_full``)."""
 
 

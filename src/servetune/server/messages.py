@@ -1,8 +1,10 @@
 """The frontend <-> worker messages, typed: what each side may send and every field it carries.
 
     frontend -> worker   Load      the model to load and how (the WorkerSpec): the first frame, once
-                         Predict   a batch (requests with their inputs), the batch size and CPU settings to use
-    worker -> frontend   Ready     the model loaded (pid, load time, CPU settings as applied)
+                         Predict   a batch (requests with their inputs and typed control: protocol, explain,
+                                   describe), the batch size and CPU settings to use
+    worker -> frontend   Ready     the model loaded (pid, load time, CPU settings as applied, the handler's OIP
+                                   metadata)
                          LoadError the model could not load (the handler's message and traceback)
                          Partial   one intermediate answer to one request of the running batch (the handler
                                    called ``send_intermediate_predict_response``); any number, before its Result
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.api.types import InferRequest, Input
+from servetune.handlers.control import Control
 from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.server.protocol import ProtocolError, encode
 
@@ -51,7 +54,12 @@ class Predict:
 
     def encode(self) -> bytes:
         items = [
-            {"id": r.request_id, "headers": r.headers, "inputs": [[i.name, i.content_type] for i in r.inputs]}
+            {
+                "id": r.request_id,
+                "headers": r.headers,
+                "inputs": [[i.name, i.content_type] for i in r.inputs],
+                "control": r.control.to_json(),
+            }
             for r in self.requests
         ]
         header = {
@@ -72,6 +80,7 @@ class Predict:
                 item.get("headers") or {},
                 [Input(name, ctype, next(data)) for name, ctype in item["inputs"]],
                 0.0,
+                control=Control.from_json(item["control"]),
             )
             for item in header["batch"]
         ]
@@ -142,6 +151,7 @@ class Ready:
     # imports (0.0: not reported)
     interpreter_ms: float = 0.0
     imports_ms: float = 0.0
+    metadata: dict[str, Any] | None = None  # the handler's ``model_metadata()``, once loaded (None: it has none)
 
     def encode(self) -> bytes:
         cpu = self.cpu.to_json() if self.cpu is not None else None
@@ -153,17 +163,20 @@ class Ready:
                 "cpu": cpu,
                 "interpreter_ms": self.interpreter_ms,
                 "imports_ms": self.imports_ms,
+                "metadata": self.metadata,
             }
         )
 
     @classmethod
     def decode(cls, header: dict[str, Any], blobs: list[bytes]) -> Ready:
+        metadata = header.get("metadata")
         return cls(
             int(header["pid"]),
             float(header["load_ms"]),
             _cpu(header.get("cpu")),
             float(header.get("interpreter_ms", 0.0)),
             float(header.get("imports_ms", 0.0)),
+            metadata if isinstance(metadata, dict) else None,
         )
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from servetune._exceptions import ApiError
+from servetune.api.metrics import ApiMetrics
 from servetune.api.plan import VersionPlan
 from servetune.api.types import InferRequest, InferResult, ModelStatus, Reconfigure
 from servetune.server.batcher import Batcher, Job, QueueFull
@@ -25,14 +25,14 @@ class ServedModel:
         plan: VersionPlan,
         model_dir: Path,
         placement: Placement,
-        on_batch: Callable[[str, str, int], None] | None = None,
+        metrics: ApiMetrics | None = None,
     ) -> None:
         self.plan = plan
         self.model_dir = model_dir
         self.placement = placement
         self.batcher = Batcher(plan.batch_size, plan.max_batch_delay_ms / 1000.0, plan.job_queue_size)
-        self.pool = WorkerPool(self)
-        self._on_batch = on_batch
+        # each batch's size is observed by the pool, where the batch ends
+        self.pool = WorkerPool(self, metrics.batch_observer(plan.name, plan.version) if metrics is not None else None)
         self.min_workers = 0
         self.max_workers = 0
         self.accepting = True
@@ -55,10 +55,6 @@ class ServedModel:
 
     def healthy(self) -> bool:
         return self.pool.ready >= self.min_workers and not self.pool.crash_loop
-
-    def observe_batch(self, size: int) -> None:
-        if self._on_batch is not None:
-            self._on_batch(self.name, self.version, size)
 
     # ---- requests ----------------------------------------------------------------------------
 

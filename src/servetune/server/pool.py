@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from servetune._exceptions import ApiError, ParentUnavailable, WorkerDied, WorkerError, WorkerTimeout
 from servetune.api.types import InferResult, WorkerStatus
@@ -55,8 +55,9 @@ class WorkerSlot:
 
 
 class WorkerPool:
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(self, model: ServedModel, observe_batch: Callable[[int], None] | None = None) -> None:
         self.model = model
+        self.observe_batch = observe_batch  # the batch-size metric, observed as each batch ends
         self._slots: list[WorkerSlot] = []
         self._next_slot = 0
         self._lock = asyncio.Lock()
@@ -143,7 +144,8 @@ class WorkerPool:
                         version=model.version,
                     )
                 )
-        model.observe_batch(len(batch))
+        if self.observe_batch is not None:
+            self.observe_batch(len(batch))
 
     def _partials(self, batch: list[Job], worker_id: str) -> Callable[[Partial], None]:
         """Hands each intermediate answer of the batch to its request's ``on_partial`` (dropped when it has none,
@@ -391,6 +393,14 @@ class WorkerPool:
         await self.forking.close(final=True)
 
     # ---- describe ----------------------------------------------------------------------------
+
+    def handler_metadata(self) -> dict[str, Any] | None:
+        """The handler's OIP metadata as a ready worker reported it when it loaded (None: no worker is ready, or the
+        handler declares none)."""
+        for slot in self.active:
+            if slot.status == "READY" and slot.worker is not None:
+                return slot.worker.metadata
+        return None
 
     def statuses(self) -> list[WorkerStatus]:
         out = []

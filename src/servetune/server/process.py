@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
@@ -101,6 +102,7 @@ class WorkerProcess:
         self.load_ms = 0.0
         self.gpu_memory_bytes = 0  # peak GPU memory reserved, as of its last batch
         self.cpu: CpuSettings | None = None  # as the worker last reported them
+        self.metadata: dict[str, Any] | None = None  # the handler's OIP metadata, as the worker reported it loaded
         self.on_exit: Callable[[], None] | None = None  # called once the process is gone (its socket closed)
         self._proc: _Spawned | _Forked | None = None
         self._reaped = asyncio.Event()  # the process has exited and its exit code is known (or never will be)
@@ -149,6 +151,7 @@ class WorkerProcess:
             raise
         self.load_ms = message.load_ms
         self.cpu = message.cpu
+        self.metadata = message.metadata
         total = (time.perf_counter() - spawned) * 1000.0
         if self.parent is not None:
             startup_log.debug(

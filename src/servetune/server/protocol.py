@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from servetune._exceptions import WorkerError
+
 _U32 = struct.Struct("!I")
 _TWO_U32 = struct.Struct("!II")
 MAX_FRAME = 1 << 31
@@ -44,8 +46,8 @@ def _loads(data: bytes | memoryview) -> Any:
         return json.loads(bytes(data))  # what orjson refuses but json wrote (a lone surrogate's escape)
 
 
-class ProtocolError(Exception):
-    """The peer sent something that is not a frame, or closed mid-frame."""
+class ProtocolError(WorkerError):
+    """The peer sent something that is not a frame (or a frame that is not a message)."""
 
 
 def encode(header: dict[str, Any], blobs: list[bytes] | None = None, fds: int = 0) -> bytes:

@@ -73,7 +73,7 @@ def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: Wo
             apply_cpu(message.num_threads, message.cpu_cores)
             applied = (message.num_threads, message.cpu_cores)
             cpu = cpu_settings()
-        requests = [Request(r.request_id, r.headers, r.inputs) for r in message.requests]
+        requests = [Request(r.request_id, r.headers, r.inputs, r.control) for r in message.requests]
         start = time.perf_counter()
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0
@@ -137,7 +137,8 @@ def _run(
         sock.sendall(LoadError(f"{type(exc).__name__}: {exc}", traceback.format_exc()).encode())
         return 1
     load_ms = (time.perf_counter() - start) * 1000.0
-    sock.sendall(Ready(os.getpid(), load_ms, cpu_settings(), interpreter_ms, imports_ms).encode())
+    ready = Ready(os.getpid(), load_ms, cpu_settings(), interpreter_ms, imports_ms, service.metadata)
+    sock.sendall(ready.encode())
     _serve(sock, frames, service, spec)
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from servetune.tune import finalists as final
 from servetune.tune.space import Space
 from servetune.tune.study import Study
 from servetune.tune.trial import Summary, Trial, summarise_all
@@ -17,6 +18,7 @@ class Analysis:
     baseline: Summary | None  # the default config (1 worker, batch 1, eager)
     pareto: list[Summary]  # throughput vs P99, lowest P99 first
     references: list[tuple[str, Summary]] = field(default_factory=list)  # the study's references, measured
+    finalists: final.Verdict | None = None  # the finalists' interleaved rounds and what they decided
 
     def top(self, n: int = 5) -> list[Summary]:
         passed = [s for s in self.summaries if s.verdict.passed]
@@ -37,12 +39,16 @@ def analyse(study: Study, trials: list[Trial]) -> Analysis:
     passed = [s for s in summaries if s.verdict.passed]
     measured = [s for s in summaries if s.figures is not None]
     winner = passed[0] if passed else None
+    verdict = final.compare(study, trials, final.choose_finalists(study, trials, [s.config for s in summaries]))
+    if verdict is not None and verdict.chosen is not None:
+        chosen = next((s for s in passed if s.config == verdict.chosen), None)
+        winner = chosen or winner
     closest = None if winner else min(measured, key=lambda s: s.verdict.violation, default=None)
     baseline = next((s for s in every if s.config == study.baseline), None)
     by_config = {s.config: s for s in every}
     references = [(label, by_config[config]) for label, config in study.references if config in by_config]
     front = pareto_front(measured + ([baseline] if baseline else []))
-    return Analysis(summaries, winner, closest, baseline, front, references)
+    return Analysis(summaries, winner, closest, baseline, front, references, verdict)
 
 
 def pareto_front(summaries: list[Summary]) -> list[Summary]:

@@ -3,8 +3,12 @@ hard-linked where possible) whose model-config.yaml names the optimization and t
 with its knobs written in, for deployment.
 
 The served path applies a variant when the model config says ``optimization: NAME``; ``deviceType`` and
-``deviceIds`` are TorchServe's own keys. Batch size, delay and workers are not written into trial archives:
-the register API sets them, so they can change without rebuilding anything.
+``deviceIds`` are TorchServe's own keys. An exported variant (``export``, ``aoti``) also gets ``export_max_batch``:
+the family's largest batch size, so that one package, built and cached at the family's first registration, takes
+every batch size the study tries (its compile cost is paid once, not per trial); an ``aoti`` family's load may
+take minutes (it compiles), so its ``startupTimeout`` is raised unless the model config sets one. Batch size, delay
+and workers are not written into trial archives: the register API sets them, so they can change without rebuilding
+anything.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from servetune.archive.manifest import MANIFEST_PATH
 from servetune.tune.study import Family
 
 FRONTEND_KNOBS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+EXPORTED = frozenset({"export", "aoti"})  # variants whose batch dimension is exported with bounds
+AOTI_STARTUP_TIMEOUT_S = 1800  # an AOTInductor compile of a ResNet-50-sized model takes minutes on a few cores
 DEFAULT_CONFIG_FILE = "model-config.yaml"
 
 
@@ -63,6 +69,13 @@ def trial_model_config(
     config = {k: v for k, v in base.items() if k not in FRONTEND_KNOBS}
     config.update(family.model_config)
     config["optimization"] = family.optimization
+    if EXPORTED.intersection(family.optimization.split("+")):
+        # One dynamic batch for every batch size the study tries: the package is built (and cached) once per family.
+        largest = max(family.batch_sizes)
+        given = config.get("export_max_batch")
+        config["export_max_batch"] = max(largest, given) if isinstance(given, int) else largest
+    if "aoti" in family.optimization.split("+") and "startupTimeout" not in config:
+        config["startupTimeout"] = AOTI_STARTUP_TIMEOUT_S  # the first load compiles
     config["deviceType"] = "gpu" if family.device == "cuda" else "cpu"
     if family.gpus:
         config["deviceIds"] = list(range(family.gpus))

@@ -22,8 +22,15 @@ if TYPE_CHECKING:
 FINGERPRINT_VERSION = 1
 UNMEASURED = ("budget", "notes", "source", "backend_address", "references")  # references add trials, change none
 # field -> default, for fields that came after version 1
-LATER_STUDY: dict[str, Any] = {"backend": "native", "options": {}, "models": (), "pipeline": (), "mix": ()}
-LATER_LOAD: dict[str, Any] = {"protocol": "torchserve"}
+LATER_STUDY: dict[str, Any] = {
+    "backend": "native", "options": {}, "models": (), "pipeline": (), "mix": (), "sla_scale": (),
+    "contention": {"max_other_cores": 0.25, "retries": 2},
+}  # fmt: skip
+LATER_LOAD: dict[str, Any] = {
+    "protocol": "torchserve", "early_stop": True, "max_duration_s": None, "trace": None, "trace_format": None,
+    "trace_options": (), "time_scale": 1.0, "rate_scale": 1.0, "capacity_fraction": None,
+}  # fmt: skip
+LATER_STRATEGY: dict[str, Any] = {"finalists": 2, "rounds": 3}
 LATER_FAMILY: dict[str, Any] = {
     "options": {}, "model": "", "threads": (0,), "inter_op_threads": (0,), "pinning": (False,),
 }  # fmt: skip
@@ -34,6 +41,7 @@ def fingerprint(study: Study) -> str:
     for key in UNMEASURED:
         data.pop(key, None)
     _flatten(data, LATER_STUDY)
+    _flatten(data["strategy"], LATER_STRATEGY)
     for model in data.get("models", ()):
         _flatten(model["baseline_family"], LATER_FAMILY)
         _flatten(model["baseline_family"]["load"], LATER_LOAD)
@@ -60,6 +68,7 @@ def digests(study: Study) -> dict[str, str]:
     folder = study.source.parent if study.source is not None else None
     paths: Iterable[Path] = [
         *(f.archive for f in families),
+        *(f.load.trace for f in study.families if f.load.trace is not None),
         *(f.input for f in study.families if f.input is not None),
         *(hook_path(s.request, folder) for s in study.pipeline if s.request not in (*HOOKS, "input")),
     ]

@@ -86,7 +86,7 @@ def _options(raw: Mapping[str, Any]) -> dict[str, Any]:
 def override(
     study: Study,
     *,
-    sla_p99_ms: float | None = None,
+    sla_p99_ms: float | str | None = None,
     budget_s: float | None = None,
     strategy: str | None = None,
     backend: str | None = None,
@@ -94,7 +94,8 @@ def override(
     protocol: str | None = None,
 ) -> Study:
     """The study with command-line overrides applied (CLI > file), validated again. ``address`` is the backend's
-    address (``--ray-address``); another backend than the file's drops the file's address."""
+    address (``--ray-address``); another backend than the file's drops the file's address. ``sla_p99_ms`` is
+    milliseconds, or a multiple of this machine's single-request latency (``"3x"``)."""
     if backend is not None:
         study = dataclasses.replace(
             study, backend=backend, backend_address=study.backend_address if backend == study.backend else None
@@ -102,7 +103,20 @@ def override(
     if address is not None:
         study = dataclasses.replace(study, backend_address=address)
     if sla_p99_ms is not None:
-        study = dataclasses.replace(study, sla=dataclasses.replace(study.sla, p99_ms=sla_p99_ms))
+        from servetune.tune.forms.servetune import multiple
+
+        scale = tuple(item for item in study.sla_scale if item[0] != "p99_ms")
+        if isinstance(sla_p99_ms, str) and sla_p99_ms.strip().lower().endswith("x"):
+            scale += (("p99_ms", multiple("--sla-p99", sla_p99_ms)),)
+            study = dataclasses.replace(study, sla=dataclasses.replace(study.sla, p99_ms=None), sla_scale=scale)
+        else:
+            try:
+                limit = float(sla_p99_ms)
+            except ValueError:
+                limit = -1.0
+            if not limit > 0:
+                raise ConfigError(f"--sla-p99={sla_p99_ms!r}: expected milliseconds > 0 or a multiple such as 3x")
+            study = dataclasses.replace(study, sla=dataclasses.replace(study.sla, p99_ms=limit), sla_scale=scale)
     if protocol is not None:
         study = with_protocol(study, protocol)
     if budget_s is not None:
@@ -140,9 +154,10 @@ def validate(study: Study) -> None:
             f"load.protocol={study.families[0].load.protocol!r}: a pipeline calls its models through TorchServe's "
             "API (/predictions); expected torchserve"
         )
-    no_sla = study.sla.empty and all(m.sla.empty for m in study.models)
-    if any(f.load.mode == "capacity" for f in study.families) and no_sla:
-        raise ConfigError("load=capacity needs a latency SLA (sla.p99_ms, p95_ms or mean_ms, or --sla-p99)")
+    no_sla = study.sla.empty and not study.sla_scale and all(m.sla.empty for m in study.models)
+    for mode in ("capacity", "trace"):
+        if any(f.load.mode == mode for f in study.families) and no_sla:
+            raise ConfigError(f"load={mode} needs a latency SLA (sla.p99_ms, p95_ms or mean_ms, or --sla-p99)")
     if study.objective.kind == "cost":
         priced = dict(study.objective.prices)
         for family in study.families:

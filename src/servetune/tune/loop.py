@@ -10,7 +10,9 @@ from pathlib import Path
 from rich.console import Console
 
 from servetune._exceptions import ConfigError
+from servetune.tune import finalists as final
 from servetune.tune.analysis import Analysis, analyse
+from servetune.tune.calibrate import Calibrator
 from servetune.tune.checkpoint import Checkpoint
 from servetune.tune.deploy import Deployment, write_deployment
 from servetune.tune.plots import write_plots
@@ -23,6 +25,8 @@ from servetune.tune.study import Study
 from servetune.tune.targets import Target, prepare, target_kind
 from servetune.tune.targets.remote import RemoteTarget
 from servetune.tune.trial import Trial, judge
+
+RESERVED = "the rest of the budget is left for the finalists' interleaved rounds"
 
 
 @dataclass
@@ -95,15 +99,38 @@ class _Run:
         self.runner = TrialRunner(study, target)
         self.space = Space(study)
         self.strategy: Strategy = load_strategy(study.strategy.name)(self.space, study)
-        self.checkpoint = Checkpoint(out_dir / "trials.jsonl", study.fingerprint())
+        self.checkpoint = Checkpoint(out_dir / "trials.jsonl", study.fingerprint())  # of the study as written
         self.notes: list[str] = []
         self.trials: list[Trial] = []
         self.measured = 0
         self.stopped: str | None = None
+        self.final_phase = False  # measuring the finalists' rounds: nothing left to reserve budget for
         self.started = time.monotonic()
         self._walls: list[float] = []
 
+    def calibrate(self) -> None:
+        """Measure what the study sizes on this machine (``calibrate.py``) before the first trial."""
+        calibrator = Calibrator(self.study, self.runner, self.out_dir, self._say)
+        study, sentence = calibrator.sla()
+        if sentence is not None:
+            self._say(sentence)
+            self.notes.append(sentence)
+        self.runner.measurer.schedule = calibrator.schedule()
+        if study is not self.study:
+            self.study = study
+            self.runner.use(study)
+            self.space = Space(study)
+            self.strategy = load_strategy(study.strategy.name)(self.space, study)
+
+    def _say(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
+
     def loop(self) -> None:
+        try:
+            self.calibrate()
+        except KeyboardInterrupt:
+            self.stopped = "interrupted"
+            return
         previous = {t.key: t for t in self.checkpoint.load()}
         if self.checkpoint.note:
             self.notes.append(self.checkpoint.note)
@@ -122,10 +149,32 @@ class _Run:
                     following = self.strategy.propose()
                     while following is not None and self._take(following, previous):
                         following = self.strategy.propose()
+                    if self.stopped is None or self.stopped.startswith(RESERVED):
+                        if self.stopped is not None:
+                            self.notes.append(f"the search ended early: {self.stopped}")
+                            self.stopped = None
+                        self._finalists(previous)
             except KeyboardInterrupt:
                 self.stopped = "interrupted"
+        for note in self.runner.measurer.notes:
+            self.notes.append(note)
+            self._say(f"[yellow]note:[/] {note}")
         if self.stopped:
             self.notes.append(f"the search stopped early: {self.stopped}; run again to resume")
+
+    def _finalists(self, previous: dict[tuple[str, int], Trial]) -> None:
+        """Measure the finalists again, interleaved, before the winner is named (``finalists.py``)."""
+        chosen = final.choose_finalists(self.study, self.trials, list(self.space.configs()))
+        if len(chosen) < 2:
+            return
+        self.bar.line(
+            f"finalists: {', '.join(c.key for c in chosen)}: measured again, interleaved, "
+            f"{self.study.strategy.rounds} rounds each",
+        )
+        self.final_phase = True
+        for proposal in final.plan(self.study, chosen, self.trials):
+            if not self._take(proposal, previous):
+                return
 
     def _take(self, proposal: Proposal, previous: dict[tuple[str, int], Trial]) -> bool:
         key = (proposal.config.key, proposal.repeat)
@@ -135,6 +184,8 @@ class _Run:
             if reason is not None:
                 self.stopped = reason
                 return False
+            passed = [s for s in self.strategy.summaries() if s.verdict.passed]
+            self.runner.measurer.best_objective = passed[0].verdict.objective if passed else None
             trial = self.runner.run(proposal, self.next_index)
             self.next_index += 1
             self.measured += 1
@@ -148,14 +199,27 @@ class _Run:
         return True
 
     def _over_budget(self) -> str | None:
+        """Why no other trial may start, if one may not. The search leaves room in the budget for the finalists'
+        rounds (the winner is not named on one lucky run because the search used the time up)."""
         budget = self.study.budget
-        if budget.trials is not None and len(self.trials) >= budget.trials:
-            return f"the trial budget ({budget.trials}) is used up"
+        strategy = self.study.strategy
+        reserve = 0
+        if not self.final_phase and strategy.finalists >= 2:
+            # only while there are finalists to compare: two configs or more within reach of the best
+            finalists = final.choose_finalists(self.study, self.trials, list(self.space.configs()))
+            reserve = len(finalists) * strategy.rounds if len(finalists) >= 2 else 0
+        if budget.trials is not None:
+            if len(self.trials) >= budget.trials:
+                return f"the trial budget ({budget.trials}) is used up"
+            if len(self.trials) + reserve >= budget.trials:
+                return f"{RESERVED} ({reserve} of the trial budget, {budget.trials})"
         if budget.seconds is not None:
             elapsed = time.monotonic() - self.started
             expected = sum(self._walls) / len(self._walls) if self._walls else 0.0
             if elapsed + expected > budget.seconds:
                 return f"the time budget ({budget.describe()}) would be exceeded by another trial"
+            if elapsed + expected * (1 + reserve) > budget.seconds:
+                return f"{RESERVED} (about {expected * reserve / 60:.1f} min of the time budget)"
         return None
 
     def _best(self) -> str:
@@ -174,7 +238,10 @@ class _Run:
         p99 = trial.result.latency.p99_ms if trial.result.latency else float("nan")
         load = ", ".join(f"{k} {v}" for k, v in trial.load.items())
         mark = "[green]pass[/]" if verdict.passed else f"[red]miss[/] ({verdict.reason})"
-        self.bar.line(f"{head}: {trial.result.throughput_rps:.1f} req/s, P99 {p99:.1f} ms [{load}] {mark}")
+        seconds = f" in {trial.result.duration_s:.1f} s" if trial.result.duration_s else ""
+        noise = f" [yellow]{trial.interference()}[/]" if trial.contended or trial.remeasured else ""
+        self.bar.line(f"{head}: {trial.result.throughput_rps:.1f} req/s, P99 {p99:.1f} ms{seconds} [{load}] {mark}"
+                      f"{noise}")  # fmt: skip
 
 
 def _finish(run: _Run, notes: list[str], *, served_url: str | None) -> TuneResult:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.bench.report import TORCHSERVE_COLUMNS, csv_row
+from servetune.tune import finalists as final
 from servetune.tune.analysis import Analysis
 from servetune.tune.study import Config, Point, Study
 from servetune.tune.targets import target_kind
@@ -17,7 +18,7 @@ from servetune.tune.trial import Summary, Trial, judge
 TUNE_COLUMNS = (
     "Trial", "Repeat", "Family", "Optimization", "Device", "Threads", "Inter-op threads", "Pinning", "Load",
     "Capacity rate", "Objective", "SLA", "SLA pass", "SLA miss", "Worker memory MB", "Status", "Error", "Setup s",
-    "Wall s", "Reason",
+    "Wall s", "Reason", "Phase", "Interference", "Runs measured again",
 )  # fmt: skip
 
 
@@ -91,6 +92,9 @@ def trial_row(trial: Trial, study: Study) -> dict[str, Any]:
         "Setup s": trial.setup_s,
         "Wall s": trial.wall_s,
         "Reason": trial.reason,
+        "Phase": trial.phase,
+        "Interference": trial.interference(),
+        "Runs measured again": trial.remeasured,
     })  # fmt: skip
     return row
 
@@ -118,7 +122,7 @@ def headline(analysis: Analysis, study: Study) -> str:
     winner, baseline = analysis.winner, analysis.baseline
     if winner is None:
         closest = analysis.closest
-        text = f"No config meets the SLA ({study.sla.describe()})."
+        text = f"No config meets the SLA ({study.sla.describe()}) on this hardware."
         if closest is not None:
             text += (
                 f" Closest: {describe(closest.config, study)}, {closest.verdict.reason} "
@@ -136,11 +140,40 @@ def headline(analysis: Analysis, study: Study) -> str:
     return text + "."
 
 
+def finalist_lines(analysis: Analysis, study: Study) -> list[str]:
+    """The finalists' pairwise comparisons and the choice they led to, as sentences."""
+    verdict = analysis.finalists
+    if verdict is None:
+        return []
+    lines = [final.sentence(c, lambda p: describe(p, study)) + "." for c in verdict.comparisons]
+    if verdict.chosen is not None:
+        lines.append(f"Chosen: {describe(verdict.chosen, study)}: {verdict.reason}.")
+    else:
+        lines.append(verdict.reason[:1].upper() + verdict.reason[1:] + ".")
+    return lines
+
+
+def interference(summary: Summary) -> str:
+    """The other processes' CPU during a config's kept runs (the most of any), and how many were contended."""
+    hosts = [t.result.host for t in summary.trials if t.result is not None and t.result.host is not None]
+    if not hosts:
+        return ""
+    worst = max(h.others_cores + (h.steal_cores or 0.0) for h in hosts)
+    contended = sum(1 for t in summary.trials if t.contended)
+    again = sum(t.remeasured for t in summary.trials)
+    text = f"{worst:.2f} cores"
+    if contended:
+        text += f", {contended} of {len(summary.trials)} runs contended"
+    if again:
+        text += f", {again} measured again"
+    return text
+
+
 def _table(summaries: list[Summary], study: Study) -> list[str]:
     """One row per config; in an app, each model's P99 beside the app's (end to end in a pipeline)."""
     stages = study.model_names if study.is_app else ()
     head = ["config", "throughput", "P50", "P99", *(f"{name} P99" for name in stages), "errors", "memory", "SLA",
-            "trials"]  # fmt: skip
+            "trials", "interference"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
         errors = f"{100 * s.figures.error_rate:.2f}%" if s.figures else s.error or "n/a"
@@ -150,7 +183,7 @@ def _table(summaries: list[Summary], study: Study) -> list[str]:
         verdict = "pass" if s.verdict.passed else f"fail: {s.verdict.reason}"
         own = [_stage(s, name, "p99_ms") for name in stages]
         cells = [describe(s.config, study), f"{s.throughput_rps:.1f} req/s", _p(s, "p50_ms"), _p(s), *own, errors,
-                 memory, verdict, str(len(s.trials))]  # fmt: skip
+                 memory, verdict, str(len(s.trials)), interference(s)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -227,6 +260,9 @@ def markdown(
             lines += [f"- deploy: `{serve_command}` (files in `deploy/`)"]
         lines += [f"- or, {alternative}" for alternative in alternatives]
         lines.append("")
+        if analysis.finalists is not None:
+            lines += ["## Finalists", "", "Measured again, interleaved (A, B, A, B, ...), and compared round by round:",
+                      "", *[f"- {line}" for line in finalist_lines(analysis, study)], ""]  # fmt: skip
         if study.is_app:
             load = "its pipeline (" + " -> ".join(st.model for st in study.pipeline) + ")" if study.pipeline else (
                 "its mix (" + ", ".join(f"{name} {share:g}" for name, share in study.mix) + ")")  # fmt: skip
@@ -235,7 +271,15 @@ def markdown(
     lines += [
         "## Study",
         "",
-        f"- SLA: {study.sla.describe()}; objective: {study.objective.kind}; strategy: {study.strategy.name}"
+        f"- SLA: {study.sla.describe()}"
+        + (
+            " (sized on this machine: "
+            + ", ".join(f"{m:g}x the single-request latency" for _, m in study.sla_scale)
+            + "; see the notes)"
+            if study.sla_scale
+            else ""
+        )
+        + f"; objective: {study.objective.kind}; strategy: {study.strategy.name}"
         + (f"; server: {server}" if (server := target_kind(study.backend).describe_server(study)) else ""),
         f"- space: {len(study.families)} famil{'y' if len(study.families) == 1 else 'ies'} "
         f"({', '.join(f.label for f in study.families)}), {study.size} configs"
@@ -256,6 +300,12 @@ def markdown(
         lines += ["## Beside the references", "", *references(analysis, study), ""]
     if plots:
         lines += ["## Plots", "", *[f"![{name}]({name})" for name in plots], ""]
+    contended = [t for t in trials if t.contended]
+    again = sum(t.remeasured for t in trials)
+    if contended or again:
+        notes = [*notes, f"interference: {again} load run(s) were measured again because other processes used the "
+                 f"machine (or the client fell behind); {len(contended)} trial(s) kept figures measured under "
+                 "contention (the 'interference' column says which)"]  # fmt: skip
     if notes:
         lines += ["## Notes", "", *[f"- {note}" for note in notes], ""]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from servetune.bench.slo import Slo
 from servetune.bench.spec import StageSpec
 
 if TYPE_CHECKING:
@@ -21,30 +22,8 @@ if TYPE_CHECKING:
 DEVICES = ("cpu", "cuda")
 
 
-@dataclass(frozen=True)
-class Sla:
-    """Latency limits (ms) a config must meet, and the share of failed requests it may have."""
-
-    p99_ms: float | None = None
-    p95_ms: float | None = None
-    mean_ms: float | None = None
-    max_error_rate: float = 0.001
-
-    def limits(self) -> list[tuple[str, float]]:
-        """``(LatencySummary attribute, limit)`` for every limit set."""
-        return [(name, value) for name in ("p99_ms", "p95_ms", "mean_ms") if (value := getattr(self, name)) is not None]
-
-    @property
-    def empty(self) -> bool:
-        return not self.limits()
-
-    def describe(self) -> str:
-        if self.empty:
-            return "no latency SLA"
-        return ", ".join(f"{_LABEL[name]} <= {value:g} ms" for name, value in self.limits())
-
-
-_LABEL = {"p99_ms": "P99", "p95_ms": "P95", "mean_ms": "mean"}
+# The SLA is the bench layer's SLO: the same limits, the same per-request deadline (goodput, attainment, windows).
+Sla = Slo
 
 
 @dataclass(frozen=True)
@@ -76,9 +55,15 @@ class Load:
     ``concurrency``: closed loop with ``concurrency`` clients, or ``factor`` × batch size × workers when it is None
     (enough clients to fill every worker's batch, as the TorchServe case study advises).
     ``capacity``: open loop; per config, the highest request rate whose latency meets the SLA.
+    ``trace``: open loop; every config replays the same ``trace`` (a file in any format of ``bench.traces``, read with
+    ``trace_format``/``trace_options``, scaled by ``time_scale`` and ``rate_scale``, or with its peak at
+    ``capacity_fraction`` of the default config's capacity), and is judged on the whole replay.
+
+    ``early_stop``: a load run ends once its figures decide the trial (``confidence.py``), after half of
+    ``duration_s`` at the least; an undecided one runs for ``max_duration_s`` (default ``duration_s``).
     """
 
-    mode: Literal["concurrency", "capacity"] = "concurrency"
+    mode: Literal["concurrency", "capacity", "trace"] = "concurrency"
     concurrency: int | None = None
     factor: float = 1.0
     requests: int | None = None
@@ -90,6 +75,21 @@ class Load:
     engine: str = "async"
     timeout_s: float = 60.0
     protocol: str = "torchserve"  # how requests reach the model (``protocols.PROTOCOLS``)
+    early_stop: bool = True
+    max_duration_s: float | None = None
+    trace: Path | None = None
+    trace_format: str | None = None
+    trace_options: tuple[tuple[str, str], ...] = ()
+    time_scale: float = 1.0
+    rate_scale: float = 1.0
+    capacity_fraction: float | None = None
+
+    @property
+    def longest_s(self) -> float | None:
+        """The longest a load run may measure (None: it is counted in requests)."""
+        if self.duration_s is None:
+            return None
+        return max(self.duration_s, self.max_duration_s or 0.0)
 
     def clients(self, workers: int, batch_size: int) -> int:
         if self.concurrency is not None:
@@ -102,7 +102,7 @@ class Load:
         True under open-loop capacity search and proportional concurrency. With a fixed number of clients larger
         batches can drain a queue faster, so it only holds once the batches can take every client at once.
         """
-        return self.concurrency is None or self.mode == "capacity" or workers * batch_size >= self.concurrency
+        return self.concurrency is None or self.mode != "concurrency" or workers * batch_size >= self.concurrency
 
 
 @dataclass(frozen=True)
@@ -215,8 +215,24 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class StrategySpec:
+    """The search (``name``), the top candidates it measures once more (``remeasure``), then the ``finalists``
+    measured again interleaved, ``rounds`` times each, and compared pairwise before a winner is named
+    (``finalists.py``; 0: none)."""
+
     name: str = "adaptive"
     remeasure: int = 3  # top candidates measured once more at the end
+    finalists: int = 2
+    rounds: int = 3
+
+
+@dataclass(frozen=True)
+class Contention:
+    """A load run during which other processes used ``max_other_cores`` or more (or the client fell behind its
+    schedule) is measured again, up to ``retries`` times; the least disturbed run is kept, marked when it was
+    still contended (``bench/host.py``)."""
+
+    max_other_cores: float = 0.25
+    retries: int = 2
 
 
 @dataclass(frozen=True)
@@ -256,6 +272,10 @@ class Study:
     mix: tuple[tuple[str, float], ...] = ()  # without a pipeline: each model's share of the app's requests
     # configs measured beside the search and shown beside its winner (e.g. what is deployed today), by label
     references: tuple[tuple[str, Point], ...] = ()
+    # an SLA relative to this machine: limit -> multiple of the default config's single-request latency (P50),
+    # measured before the first trial (``calibrate.py``); the limit itself is then set in ``sla``
+    sla_scale: tuple[tuple[str, float], ...] = ()
+    contention: Contention = Contention()
 
     @property
     def is_app(self) -> bool:

@@ -26,6 +26,33 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One load run of a trial, kept or not: a run during which other processes used the machine beyond the study's
+    threshold (``contended``), or whose client fell behind its schedule (``unreliable``), is measured again."""
+
+    throughput_rps: float
+    p99_ms: float | None
+    others_cores: float | None
+    steal_cores: float | None
+    contended: bool
+    unreliable: bool
+    kept: bool
+
+    @classmethod
+    def of(cls, result: BenchResult, *, kept: bool) -> Attempt:
+        host = result.host
+        return cls(
+            throughput_rps=round(result.throughput_rps, 3),
+            p99_ms=round(result.latency.p99_ms, 3) if result.latency else None,
+            others_cores=host.others_cores if host else None,
+            steal_cores=host.steal_cores if host else None,
+            contended=result.contended,
+            unreliable=result.unreliable,
+            kept=kept,
+        )
+
+
+@dataclass(frozen=True)
 class Trial:
     """One measurement of one config. ``repeat`` counts earlier measurements of the same config in this study.
 
@@ -52,19 +79,45 @@ class Trial:
     # model -> its workers as they reported themselves (pid, numThreads, interOpThreads, cpuCores), when a thread
     # or pinning knob was set
     placement: Mapping[str, Any] = field(default_factory=dict)
+    attempts: tuple[Attempt, ...] = ()  # every load run of the trial, kept or measured again
+    phase: str = ""  # "finalist": a round of the finalists' interleaved re-measure
 
     @property
     def key(self) -> tuple[str, int]:
         return self.config.key, self.repeat
 
+    @property
+    def contended(self) -> bool:
+        """The figures kept were measured while other processes used the machine beyond the threshold (every retry
+        was contended too)."""
+        return self.result is not None and self.result.contended
+
+    @property
+    def remeasured(self) -> int:
+        """How many load runs were measured again because of contention or an unpunctual client."""
+        return sum(1 for a in self.attempts if not a.kept)
+
+    def interference(self) -> str:
+        """Other processes' CPU while the kept figures were measured, for reports ("0.12 cores", "contended: ...")."""
+        host = self.result.host if self.result is not None else None
+        if host is None:
+            return ""
+        text = f"{host.others_cores:.2f} cores" + (f" + steal {host.steal_cores:.2f}" if host.steal_cores else "")
+        if self.contended:
+            text = "contended: " + text
+        if self.remeasured:
+            text += f" ({self.remeasured} run{'s' if self.remeasured > 1 else ''} measured again)"
+        return text
+
     def figures(self) -> Figures | None:
         return figures_of(self.result) if self.status == "ok" else None
 
     def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k not in ("result", "probes")}
+        data = {k: v for k, v in asdict(self).items() if k not in ("result", "probes", "attempts")}
         data["config"] = asdict(self.config)
         data["result"] = self.result.to_dict() if self.result is not None else None
         data["probes"] = [asdict(p) for p in self.probes]
+        data["attempts"] = [asdict(a) for a in self.attempts]
         data["load"] = dict(self.load)
         data["placement"] = {name: [dict(w) for w in workers] for name, workers in self.placement.items()}
         return data
@@ -78,6 +131,7 @@ class Trial:
         )
         values["result"] = BenchResult.from_dict(values["result"]) if values.get("result") else None
         values["probes"] = tuple(Probe(**p) for p in values.get("probes", ()))
+        values["attempts"] = tuple(Attempt(**a) for a in values.get("attempts", ()))
         return cls(**values)
 
 

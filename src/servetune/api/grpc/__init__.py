@@ -4,7 +4,6 @@ backends serve them; on Ray the driver does, reaching replicas through handles).
 
 from __future__ import annotations
 
-from servetune.api.grpc.calls import Served
 from servetune.api.grpc.server import GrpcServers
 
-__all__ = ["GrpcServers", "Served"]
+__all__ = ["GrpcServers"]

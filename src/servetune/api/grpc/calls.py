@@ -1,89 +1,48 @@
-"""What every gRPC service of the API shares: the server's parts, token checks, and a call turned into the
-:class:`InferRequest` a backend runs (as the REST API builds it from an HTTP request)."""
+"""The gRPC side of the gateway (``servetune.api.gateway``): how a call reaches it and how its errors go back, for
+every gRPC service (TorchServe's inference and management services, the OIP's, ``grpc.health.v1``).
+
+- :func:`rpc` / :func:`stream_rpc`: an RPC method with its :data:`~servetune.api.gateway.Access`. The token is
+  checked first (a refused one is UNAUTHENTICATED); an ApiError becomes its gRPC status (``status.py``) and a bug
+  INTERNAL, never UNKNOWN; the status sent is counted by the gateway.
+- :func:`caller`: the ``authorization`` and ``x-request-id`` metadata, whether the call was cancelled, and its
+  deadline (the request's typed deadline: the batcher drops it once the client stopped waiting).
+- :func:`handler_headers`: the call's metadata as a handler's headers, less gRPC's own transport fields and the key.
+- :func:`send_timing`: where the answer's time went, as trailing metadata (REST sends the same as headers).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from servetune._exceptions import ApiError
-from servetune.api.answers import observe, while_starting
-from servetune.api.auth import TokenStore
-from servetune.api.grpc.status import refuse_token
-from servetune.api.management import Management
-from servetune.api.metrics import ApiMetrics
-from servetune.api.oip import ensure_ready
-from servetune.api.types import Backend, InferRequest, InferResult, Input, Readiness
-from servetune.config.server import ServerConfig
-from servetune.protos import BATCH_SIZE, HANDLER_MS, QUEUE_MS
+from servetune.api.gateway import Access, Answer, Caller, Gateway
+from servetune.api.grpc.status import abort
+
+log = logging.getLogger("servetune.grpc")
 
 # Metadata a handler never sees as a request header: the key, and gRPC's own transport fields.
 HIDDEN_METADATA = frozenset({"authorization", "user-agent", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout"})
 
 
-@dataclass
-class Served:
-    """The server's parts the gRPC services answer from (one object, shared by every service)."""
+class Service(Protocol):
+    """A gRPC service of the API: its methods reach the gateway through ``self.gateway``."""
 
-    backend: Backend
-    config: ServerConfig
-    management: Management
-    readiness: Readiness = field(default_factory=Readiness)
-    tokens: TokenStore | None = None
+    gateway: Gateway
 
-    @property
-    def metrics(self) -> ApiMetrics | None:
-        return self.backend.metrics
 
-    async def authorize(self, context: grpc.aio.ServicerContext, kind: str) -> None:
-        """The REST rules: the management key on management RPCs (when token auth is on), the inference key on
-        inference RPCs only with ``inference_token_authorization=true``; ``ping`` follows ``open_ping``."""
-        if self.tokens is None:
-            return
-        if kind == "ping":
-            if self.config.open_ping or not self.config.inference_token_authorization:
-                return
-            kind = "inference"
-        elif kind == "inference" and not self.config.inference_token_authorization:
-            return
-        if not self.tokens.check(kind, metadata(context).get("authorization")):
-            await refuse_token(context)
-
-    async def healthy(self) -> bool:
-        """``/ping``'s rule: start-up models loaded, none failed, and the backend healthy."""
-        readiness = self.readiness
-        return not readiness.starting and not readiness.failed and await self.backend.healthy()
-
-    async def infer(
-        self, name: str, version: str | None, job: InferRequest, *, require_ready: bool = False
-    ) -> InferResult:
-        """One job through the backend, observed; a model not loaded yet while the server starts is 503.
-        ``require_ready``: KServe's rule, a model that is not ready is refused at once (503)."""
-        start = time.perf_counter()
-        try:
-            if require_ready:
-                await ensure_ready(self.backend, name, version)
-            result = await self.backend.infer(name, version, job)
-        except ApiError as exc:
-            exc = while_starting(exc, name, self.readiness)
-            self.observe(name, version, None, exc.status, start)
-            raise exc from None
-        self.observe(name, version, result, result.status, start)
-        return result
-
-    def observe(self, name: str, version: str | None, result: InferResult | None, status: int, start: float) -> None:
-        metrics = self.metrics
-        if metrics is None or not metrics.observing:  # the Ray driver: its replicas report what they run
-            return
-        if result is None:
-            metrics.observe_status(status)
-            return
-        observe(metrics, name, version, result, start)
+S = TypeVar("S", bound=Service)
+R = TypeVar("R")
+Method = Callable[[S, Any, grpc.aio.ServicerContext, Caller], Awaitable[R]]
+StreamMethod = Callable[[S, Any, grpc.aio.ServicerContext, Caller], AsyncIterator[R]]
+Unary = Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]]
+Streaming = Callable[[S, Any, grpc.aio.ServicerContext], AsyncIterator[R]]
 
 
 def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -91,30 +50,22 @@ def metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {str(k).lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
 
 
-def infer_request(
-    context: grpc.aio.ServicerContext,
-    inputs: list[Input],
-    *,
-    request_id: str | None = None,
-    on_partial: Callable[[InferResult], None] | None = None,
-) -> InferRequest:
-    """One call as one item of the model's batch: its inputs, and its metadata as the handler's headers."""
+def caller(context: grpc.aio.ServicerContext, received: float) -> Caller:
+    """What the call's metadata and deadline say of its caller."""
     meta = metadata(context)
-    headers = {k: v for k, v in meta.items() if k not in HIDDEN_METADATA}
-    headers.setdefault("explain", "False")
-    rid = request_id or meta.get("x-request-id") or str(uuid.uuid4())
-    return InferRequest(rid, headers, inputs, time.monotonic(), _cancelled(context), on_partial=on_partial)
+    remaining = context.time_remaining()
+    deadline = time.monotonic() + remaining if remaining is not None else None
+    return Caller(received, meta.get("authorization"), meta.get("x-request-id"), _cancelled(context), deadline)
 
 
-def send_timing(context: grpc.aio.ServicerContext, result: InferResult) -> None:
-    """Where the answer's time went, as trailing metadata (the REST API's ``X-Servetune-*`` headers)."""
-    context.set_trailing_metadata(
-        (
-            (QUEUE_MS, f"{result.queue_ms:.3f}"),
-            (HANDLER_MS, f"{result.handler_ms:.3f}"),
-            (BATCH_SIZE, str(result.batch_size)),
-        )
-    )
+def handler_headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's metadata as the handler's headers (``explain`` and the like: the worker drops the server's)."""
+    return {k: v for k, v in metadata(context).items() if k not in HIDDEN_METADATA}
+
+
+def send_timing(context: grpc.aio.ServicerContext, answer: Answer) -> None:
+    """Where the answer's time went, as trailing metadata."""
+    context.set_trailing_metadata(answer.timing())
 
 
 def _cancelled(context: Any) -> Callable[[], bool]:
@@ -126,4 +77,80 @@ def version_or_none(version: str) -> str | None:
     return version or None
 
 
-__all__ = ["HIDDEN_METADATA", "Served", "infer_request", "metadata", "send_timing", "version_or_none"]
+def _internal(name: str) -> str:
+    log.exception("gRPC %s failed", name)
+    return "Internal server error"
+
+
+def rpc(access: Access) -> Callable[[Method[S, R]], Unary[S, R]]:
+    """A unary RPC method ``(self, request, context, caller)`` through the gateway (see the module)."""
+
+    def wrap(method: Method[S, R]) -> Unary[S, R]:
+        @functools.wraps(method)
+        async def call(self: S, request: Any, context: grpc.aio.ServicerContext) -> R:
+            gateway = self.gateway
+            who = caller(context, time.perf_counter())
+            try:
+                gateway.authorize(access, who.authorization)
+            except ApiError as exc:
+                await abort(context, exc)
+            try:
+                answer = await method(self, request, context, who)
+            except (grpc.aio.AbortError, asyncio.CancelledError):
+                raise
+            except ApiError as exc:
+                gateway.count(access, exc.status)
+                await abort(context, exc)
+            except Exception:  # noqa: BLE001 - a bug of ours: INTERNAL, logged, rather than UNKNOWN
+                await context.abort(grpc.StatusCode.INTERNAL, _internal(method.__name__))
+            else:
+                gateway.count(access, 200)
+                return answer
+            raise AssertionError("unreachable: context.abort raises")
+
+        return call
+
+    return wrap
+
+
+def stream_rpc(access: Access) -> Callable[[StreamMethod[S, R]], Streaming[S, R]]:
+    """:func:`rpc` for a server-streaming RPC method (an async generator)."""
+
+    def wrap(method: StreamMethod[S, R]) -> Streaming[S, R]:
+        @functools.wraps(method)
+        async def call(self: S, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
+            gateway = self.gateway
+            who = caller(context, time.perf_counter())
+            try:
+                gateway.authorize(access, who.authorization)
+            except ApiError as exc:
+                await abort(context, exc)
+            try:
+                async for item in method(self, request, context, who):
+                    yield item
+            except (grpc.aio.AbortError, asyncio.CancelledError):
+                raise
+            except ApiError as exc:
+                gateway.count(access, exc.status)
+                await abort(context, exc)
+            except Exception:  # noqa: BLE001
+                await context.abort(grpc.StatusCode.INTERNAL, _internal(method.__name__))
+            else:
+                gateway.count(access, 200)
+
+        return call
+
+    return wrap
+
+
+__all__ = [
+    "HIDDEN_METADATA",
+    "Service",
+    "caller",
+    "handler_headers",
+    "metadata",
+    "rpc",
+    "send_timing",
+    "stream_rpc",
+    "version_or_none",
+]

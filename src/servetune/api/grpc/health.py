@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 
 from servetune._exceptions import ApiError
-from servetune.api.grpc.calls import Served
-from servetune.api.grpc.status import streaming, unary
+from servetune.api.gateway import PROBE, Caller, Gateway
+from servetune.api.grpc.calls import rpc, stream_rpc
 from servetune.protos import HEALTH, OIP, TORCHSERVE_INFERENCE, methods
 
 _METHODS = methods(HEALTH)
@@ -28,40 +28,39 @@ SERVICES = ("", OIP, TORCHSERVE_INFERENCE, HEALTH)
 
 
 class Health:
-    def __init__(self, served: Served) -> None:
-        self.served = served
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
 
     async def status(self, service: str) -> int | None:
         """SERVING or NOT_SERVING; None for a name that is neither a service here nor a model."""
         if service in SERVICES:
-            return SERVING if await self.served.healthy() else NOT_SERVING
-        if any(ref.name == service for ref in self.served.backend.models()):
+            return SERVING if await self.gateway.server_ready() else NOT_SERVING
+        if service in self.gateway.model_names():
             try:
-                ready = await self.served.backend.ready(service, None)
+                ready = await self.gateway.model_ready(service, None)
             except ApiError:
                 ready = False
             return SERVING if ready else NOT_SERVING
         return None
 
-    @unary
-    async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802 - the RPC's name
-        await self.served.authorize(context, "ping")
+    @rpc(PROBE)
+    async def Check(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802 - RPC name
         status = await self.status(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return CheckResponse(status=status)
 
-    @unary
-    async def List(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self.served.authorize(context, "ping")
+    @rpc(PROBE)
+    async def List(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802
         response = ListResponse()
         for service in SERVICES:
             response.statuses[service].status = await self.status(service) or SERVICE_UNKNOWN
         return response
 
-    @streaming
-    async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
-        await self.served.authorize(context, "ping")
+    @stream_rpc(PROBE)
+    async def Watch(  # noqa: N802
+        self, request: Any, context: grpc.aio.ServicerContext, who: Caller
+    ) -> AsyncIterator[Any]:
         last = -1
         while True:
             status = await self.status(request.service) or SERVICE_UNKNOWN

@@ -7,8 +7,9 @@ datatype: INVALID_ARGUMENT naming the tensor), one item of the model's dynamic b
 to the handler (``kservev2``, or servetune's ``tensors`` form) and answers every output in binary; the outputs go
 back raw when the request was raw (and for FP16/BF16), else as typed contents.
 
-Readiness is real: ServerReady is REST ``/ping``'s rule, ModelReady the model's minimum of workers; while the
-start-up models load, ModelReady of a model not registered yet is false, not NOT_FOUND.
+Readiness is the gateway's (``servetune.api.gateway``): ServerReady is REST ``/ping``'s rule, ModelReady the model's
+minimum of workers; while the start-up models load, ModelReady of a model not registered yet is false, not
+NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ import grpc
 import servetune
 from servetune._exceptions import ApiError
 from servetune.api import oip
-from servetune.api.grpc.calls import Served, infer_request, metadata, send_timing, version_or_none
-from servetune.api.grpc.status import unary
+from servetune.api.gateway import INFERENCE, PROBE, Call, Caller, Gateway
+from servetune.api.grpc.calls import handler_headers, rpc, send_timing, version_or_none
+from servetune.api.offload import off_loop
 from servetune.protos import CONTENTS_FIELDS, OIP, methods
 from servetune.tensors import (
+    DEFAULT_LIMITS,
     InferenceRequest,
     RequestedOutput,
     Tensor,
     TensorError,
+    TensorLimits,
     decode_binary_data,
     decode_json_data,
 )
@@ -55,9 +59,10 @@ def parameters(params: Any) -> dict[str, Any]:
     return out
 
 
-def typed_tensor(tensor: Any) -> Tensor:
+def typed_tensor(tensor: Any, limits: TensorLimits = DEFAULT_LIMITS) -> Tensor:
     """An input from its typed ``contents``: in its datatype's field only, as many elements as the shape holds."""
     name, datatype, shape = tensor.name, tensor.datatype, list(tensor.shape)
+    limits.check(name, shape)
     if datatype not in CONTENTS_FIELDS:
         raise TensorError(f"input {name!r}: datatype={datatype!r}: expected one of {', '.join(CONTENTS_FIELDS)}")
     field = CONTENTS_FIELDS[datatype]
@@ -75,12 +80,14 @@ def typed_tensor(tensor: Any) -> Tensor:
     if len(values) != count:
         raise TensorError(f"input {name!r}: shape {shape} holds {count} elements, {field} has {len(values)}")
     if datatype == "BYTES":
-        return decode_binary_data(name, datatype, shape, b"".join(_LENGTH.pack(len(v)) + v for v in values))
-    return decode_json_data(name, datatype, shape, list(values))
+        packed = b"".join(_LENGTH.pack(len(v)) + v for v in values)
+        return decode_binary_data(name, datatype, shape, packed, limits)
+    return decode_json_data(name, datatype, shape, list(values), limits)
 
 
-def decode_request(request: Any) -> InferenceRequest:
-    """A ``ModelInferRequest`` as the transport-neutral request (raises ApiError 400 for a malformed one)."""
+def decode_request(request: Any, limits: TensorLimits = DEFAULT_LIMITS) -> InferenceRequest:
+    """A ``ModelInferRequest`` as the transport-neutral request; every shape checked against ``limits`` before its
+    data is read (ApiError 400 for a malformed one, 413 over a limit)."""
     raw = list(request.raw_input_contents)
     try:
         if raw:
@@ -89,15 +96,15 @@ def decode_request(request: Any) -> InferenceRequest:
             if len(raw) != len(request.inputs):
                 raise TensorError(f"raw_input_contents holds {len(raw)} entries for {len(request.inputs)} inputs")
             inputs = [
-                decode_binary_data(t.name, t.datatype, list(t.shape), r)
+                decode_binary_data(t.name, t.datatype, list(t.shape), r, limits)
                 for t, r in zip(request.inputs, raw, strict=True)
             ]
         else:
-            inputs = [typed_tensor(t) for t in request.inputs]
+            inputs = [typed_tensor(t, limits) for t in request.inputs]
         for tensor, sent in zip(inputs, request.inputs, strict=True):
             tensor.parameters = parameters(sent.parameters)
     except TensorError as exc:
-        raise ApiError.bad_request(str(exc)) from None
+        raise oip.tensor_error(exc) from None
     outputs = [RequestedOutput(o.name, parameters(o.parameters)) for o in request.outputs]
     return InferenceRequest(inputs, request.id or None, parameters(request.parameters), outputs)
 
@@ -117,70 +124,61 @@ def encode_outputs(response: Any, outputs: list[Tensor], raw: bool) -> None:
 class OipService:
     """``inference.GRPCInferenceService``."""
 
-    def __init__(self, served: Served) -> None:
-        self.served = served
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
 
-    @unary
-    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802 - RPC names
-        await self.served.authorize(context, "ping")
+    @rpc(PROBE)
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802
         return LiveResponse(live=True)
 
-    @unary
-    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self.served.authorize(context, "ping")
-        return ReadyResponse(ready=await self.served.healthy())
+    @rpc(PROBE)
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802
+        return ReadyResponse(ready=await self.gateway.server_ready())
 
-    @unary
-    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self.served.authorize(context, "ping")
-        try:
-            ready = await self.served.backend.ready(request.name, version_or_none(request.version))
-        except ApiError as exc:
-            if exc.status == 404 and self.served.readiness.starting:
-                ready = False  # it may be a start-up model still loading
-            else:
-                raise
-        return ModelReadyResponse(ready=ready)
+    @rpc(PROBE)
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802
+        return ModelReadyResponse(ready=await self.gateway.model_ready(request.name, version_or_none(request.version)))
 
-    @unary
-    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self.served.authorize(context, "inference")
+    @rpc(PROBE)
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802
         return ServerMetadataResponse(name=SERVER_NAME, version=servetune.__version__, extensions=[])
 
-    @unary
-    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        await self.served.authorize(context, "inference")
-        found = await self.served.backend.metadata(request.name, version_or_none(request.version))
+    @rpc(PROBE)
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802
+        found = await self.gateway.metadata(request.name, version_or_none(request.version))
         response = ModelMetadataResponse(name=found.name, versions=list(found.versions), platform=found.platform)
         for kind, tensors in (("inputs", found.inputs), ("outputs", found.outputs)):
             for t in tensors:
                 getattr(response, kind).add(name=t.name, datatype=t.datatype, shape=list(t.shape))
         return response
 
-    @unary
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
-        served = self.served
-        await served.authorize(context, "inference")
+    @rpc(INFERENCE)
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext, who: Caller) -> Any:  # noqa: N802
+        gateway = self.gateway
         name, version = request.model_name, version_or_none(request.model_version)
         if not name:
             raise ApiError.bad_request("model_name is required")
-        decoded = decode_request(request)
-        call = infer_request(context, [])
-        headers = {k: v for k, v in metadata(context).items() if k != "authorization"}
-        job = oip.infer_request(
-            decoded, call.request_id, headers, is_disconnected=call.is_disconnected, all_binary=True
-        )
-        result = await served.infer(name, version, job, require_ready=True)
-        answer = oip.infer_response(result)
-        response = InferResponse(
-            model_name=name, model_version=result.version or answer.model_version or "", id=request.id
-        )
-        encode_outputs(response, answer.outputs, raw=bool(request.raw_input_contents))
-        size, limit = response.ByteSize(), served.config.max_response_size
-        if size > limit:
-            raise ApiError.response_too_large(size, limit)
-        send_timing(context, result)
-        return response
+        headers = handler_headers(context)
+
+        def call() -> Call:  # decoded and encoded for the worker: on a thread for a large request
+            decoded = decode_request(request, gateway.config.tensor_limits)
+            return oip.oip_call(decoded, name, version, headers, all_binary=True)
+
+        answer = await gateway.infer(await off_loop(request.ByteSize(), call), who)
+        result = answer.result
+
+        def response() -> Any:
+            decoded = oip.infer_response(result)
+            encoded = InferResponse(
+                model_name=name, model_version=result.version or decoded.model_version or "", id=request.id
+            )
+            encode_outputs(encoded, decoded.outputs, raw=bool(request.raw_input_contents))
+            return encoded
+
+        encoded = await off_loop(len(result.body), response)
+        gateway.check_answer_size(encoded.ByteSize())  # typed contents can be larger than the worker's answer
+        send_timing(context, answer)
+        return encoded
 
 
 __all__ = ["OipService", "decode_request", "encode_outputs"]

@@ -14,17 +14,20 @@ caller reads why).
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from servetune._exceptions import ConfigError
-from servetune.api.grpc.calls import Served
+from servetune._exceptions import ApiError, ConfigError
+from servetune.api.gateway import Gateway
 from servetune.api.grpc.health import Health
 from servetune.api.grpc.oip import OipService
 from servetune.api.grpc.torchserve import TorchServeInference, TorchServeManagement
-from servetune.protos import HEALTH, OIP, TORCHSERVE_INFERENCE, TORCHSERVE_MANAGEMENT, methods
+from servetune.api.management import Management
+from servetune.protos import HEALTH, OIP, TORCHSERVE_INFERENCE, TORCHSERVE_MANAGEMENT, Method, methods
 
 log = logging.getLogger("servetune.grpc")
 
@@ -38,16 +41,75 @@ RESPONSE_OVERHEAD = 64 * 1024  # framing beyond the answer's bytes: the services
 
 
 def service_handler(service: str, implementation: Any) -> grpc.GenericRpcHandler:
-    """Every RPC of ``service`` (from servetune's protos) bound to the method of the same name."""
+    """Every RPC of ``service`` (from servetune's protos) bound to the method of the same name; a request that is
+    not a valid protobuf message is INVALID_ARGUMENT (gRPC's own deserializer failure would read UNKNOWN)."""
     table = {
         name: _HANDLERS[(m.client_streaming, m.server_streaming)](
-            getattr(implementation, name),
-            request_deserializer=m.request.FromString,
+            parsing(getattr(implementation, name), m),
             response_serializer=m.response.SerializeToString,
         )
         for name, m in methods(service).items()
     }
     return grpc.method_handlers_generic_handler(service, table)
+
+
+def parse(method: Method, raw: bytes) -> Any:
+    """One request message of ``method`` from its bytes; raises ``ApiError`` 400 for bytes that are no such message."""
+    try:
+        return method.request.FromString(raw)
+    except DecodeError as exc:
+        kind = method.request.DESCRIPTOR.name
+        raise ApiError.bad_request(f"the request is not a valid {kind} message ({exc})") from None
+
+
+def parsing(call: Any, method: Method) -> Any:
+    """``call`` taking the request's raw bytes (gRPC passes bytes when no deserializer is given)."""
+
+    async def refuse(context: grpc.aio.ServicerContext, error: ApiError) -> None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, error.message)
+
+    if method.client_streaming:
+
+        async def requests(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async for item in raw:
+                try:
+                    yield parse(method, item)
+                except ApiError as exc:
+                    await refuse(context, exc)
+
+        if method.server_streaming:
+
+            async def both(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async for answer in call(requests(raw, context), context):
+                    yield answer
+
+            return both
+
+        async def many_to_one(raw: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+            return await call(requests(raw, context), context)
+
+        return many_to_one
+
+    if method.server_streaming:
+
+        async def one_to_many(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                request = parse(method, raw)
+            except ApiError as exc:
+                await refuse(context, exc)
+            async for answer in call(request, context):
+                yield answer
+
+        return one_to_many
+
+    async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = parse(method, raw)
+        except ApiError as exc:
+            await refuse(context, exc)
+        return await call(request, context)
+
+    return unary
 
 
 @dataclass(frozen=True)
@@ -67,17 +129,20 @@ def target(host: str, port: int) -> str:
 class GrpcServers:
     """Bind with :meth:`start` (after the HTTP APIs), read :attr:`urls`, :meth:`stop` in the server's shutdown."""
 
-    def __init__(self, served: Served) -> None:
-        self.served = served
+    def __init__(self, gateway: Gateway, management: Management) -> None:
+        self.gateway = gateway
+        self.management = management
+        self.config = gateway.config
         self.urls: dict[str, str] = {}
         self._servers: list[grpc.aio.Server] = []
 
     def ports(self) -> list[Port]:
-        config, served = self.served.config, self.served
+        """The gRPC services, by port: adding a protocol on gRPC is its service module and its line here."""
+        config, gateway = self.config, self.gateway
         inference = (
-            (TORCHSERVE_INFERENCE, TorchServeInference(served)),
-            (OIP, OipService(served)),
-            (HEALTH, Health(served)),
+            (TORCHSERVE_INFERENCE, TorchServeInference(gateway)),
+            (OIP, OipService(gateway)),
+            (HEALTH, Health(gateway)),
         )
         return [
             Port(
@@ -94,12 +159,12 @@ class GrpcServers:
                 config.grpc_management_port,
                 config.grpc_management_max_connection_age_ms,
                 config.grpc_management_max_connection_age_grace_ms,
-                ((TORCHSERVE_MANAGEMENT, TorchServeManagement(served)),),
+                ((TORCHSERVE_MANAGEMENT, TorchServeManagement(gateway, self.management)),),
             ),
         ]
 
     def options(self, port: Port) -> list[tuple[str, int]]:
-        config = self.served.config
+        config = self.config
         options = [
             ("grpc.max_receive_message_length", config.max_request_size),
             ("grpc.max_send_message_length", config.max_response_size + RESPONSE_OVERHEAD),

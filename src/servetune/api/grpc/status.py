@@ -9,17 +9,9 @@ answers INTERNAL for it on Predictions). Only a failure of servetune itself is I
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
-
 import grpc
 
-from servetune._exceptions import AUTH_FAILED_MESSAGE, ApiError
-
-log = logging.getLogger("servetune.grpc")
+from servetune._exceptions import ApiError
 
 CODES: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -50,60 +42,11 @@ def code_for(status: int) -> grpc.StatusCode:
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ApiError) -> None:
-    """End the call with the error's code and message (raises, as ``context.abort`` does)."""
-    await context.abort(code_for(error.status), error.message)
+    """End the call with the error's code and message (raises, as ``context.abort`` does). A missing, wrong or expired
+    ``authorization: Bearer`` key is UNAUTHENTICATED with the REST API's message (TorchServe answers
+    PERMISSION_DENIED with the same message)."""
+    code = grpc.StatusCode.UNAUTHENTICATED if error.type == "InvalidKeyException" else code_for(error.status)
+    await context.abort(code, error.message)
 
 
-async def refuse_token(context: grpc.aio.ServicerContext) -> None:
-    """A missing, wrong or expired ``authorization: Bearer`` key: UNAUTHENTICATED with the REST API's message
-    (TorchServe answers PERMISSION_DENIED with the same message)."""
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, AUTH_FAILED_MESSAGE)
-
-
-R = TypeVar("R")
-Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
-Streaming = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[R]]
-
-
-def _internal(name: str) -> str:
-    log.exception("gRPC %s failed", name)
-    return "Internal server error"
-
-
-def unary(method: Unary[R]) -> Unary[R]:
-    """An RPC method whose ApiErrors become statuses and whose bugs become INTERNAL (never UNKNOWN)."""
-
-    @functools.wraps(method)
-    async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await method(self, request, context)
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except ApiError as exc:
-            await abort(context, exc)
-        except Exception:  # noqa: BLE001 - a bug of ours: INTERNAL, logged, rather than UNKNOWN
-            await context.abort(grpc.StatusCode.INTERNAL, _internal(method.__name__))
-        raise AssertionError("unreachable: context.abort raises")
-
-    return call
-
-
-def streaming(method: Streaming[R]) -> Streaming[R]:
-    """``unary`` for a server-streaming RPC method (an async generator)."""
-
-    @functools.wraps(method)
-    async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
-        try:
-            async for item in method(self, request, context):
-                yield item
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except ApiError as exc:
-            await abort(context, exc)
-        except Exception:  # noqa: BLE001
-            await context.abort(grpc.StatusCode.INTERNAL, _internal(method.__name__))
-
-    return call
-
-
-__all__ = ["CODES", "abort", "code_for", "refuse_token", "streaming", "unary"]
+__all__ = ["CODES", "abort", "code_for"]

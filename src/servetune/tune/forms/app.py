@@ -40,6 +40,7 @@ from servetune.tune.study import AppConfig, Family, ModelSpec, Point, Study
 
 TOP_KEYS = (
     "app", "models", "pipeline", "mix", "sla", "objective", "load", "strategy", "budget", "server", "references",
+    "contention",
 )  # fmt: skip
 MODEL_KEYS = ("archive", "input", "content_type", "form_field", "sla", "model_config", "space")
 
@@ -59,7 +60,9 @@ def parse(
     v.check_keys("", raw, (*TOP_KEYS, *extra_keys))
     base = source.parent
     name = v.text("app", raw["app"]) if "app" in raw else source.stem
-    load = single.parse_load(raw.get("load"))
+    load = single.parse_load(raw.get("load"), base)
+    if load.mode == "trace":
+        raise ConfigError("load.trace: an app study is loaded by its pipeline or mix; a trace is for one model")
     models = v.mapping("models", raw["models"])
     if len(models) < 2:
         raise v.fail("models", list(models), "two or more models (a study of one model names it at the top level)")
@@ -77,11 +80,14 @@ def parse(
     objective = single.parse_objective(raw.get("objective", "throughput"))
     if objective.kind != "throughput":
         raise v.fail("objective", raw["objective"], "throughput (an app's cost per request is not modelled yet)")
+    sla, sla_scale = single.parse_sla_scaled(raw.get("sla"))
     study = Study(
         model=name,
         families=tuple(families),
         baseline_family=specs[0].baseline_family,
-        sla=single.parse_sla(raw.get("sla")),
+        sla=sla,
+        sla_scale=sla_scale,
+        contention=single.parse_contention(raw.get("contention")),
         objective=objective,
         strategy=single.parse_strategy(raw.get("strategy", "adaptive")),
         budget=single.parse_budget(raw.get("budget")),

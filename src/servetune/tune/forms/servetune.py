@@ -3,7 +3,8 @@
 model: resnet18                 # the name to serve under (default: the archive's file name)
 archive: model_store/resnet18.mar
 input: kitten.jpg               # a file, or a folder of files sent in turn
-sla: {p99_ms: 100}              # and/or p95_ms, mean_ms; max_error_rate (default 0.001)
+sla: {p99_ms: 100}              # and/or p95_ms, mean_ms; max_error_rate (default 0.001); "3x": 3 x this machine's
+                                # single-request latency, measured first
 objective: throughput           # or {cost: {cpu: 0.40, cuda: 3.00}}  (price per device-hour)
 space:
   optimizations: [eager, bf16]
@@ -15,8 +16,9 @@ space:
   inter_op_threads: [1]         # torch's inter-op pool per worker; auto: torch's default
   pinning: [false, true]        # each worker on its own cores (cpuPinning)
   ray_ongoing_batches: [1, 2]   # a target's own key (here Ray's): read by that target, see targets/
-load: capacity                  # or {concurrency: 16}; default: clients = batch size x workers
-strategy: adaptive              # or grid; {name: adaptive, remeasure: 3}
+load: capacity                  # or {concurrency: 16}, or {trace: FILE, ...}; default: clients = batch size x workers
+strategy: adaptive              # or grid; {name: adaptive, remeasure: 3, finalists: 2, rounds: 3}
+contention: {max_other_cores: 0.25, retries: 2}
 budget: 20m                     # or {time: 20m, trials: 40}
 
 ``backend`` and a target's address key (``ray_address``) are read by the loader, not here.
@@ -31,19 +33,32 @@ from typing import Any
 
 from servetune._exceptions import ArchiveError, ConfigError
 from servetune.tune import _values as v
-from servetune.tune.study import DEVICES, Budget, Config, Family, Load, Objective, Sla, StrategySpec, Study
+from servetune.tune.study import (
+    DEVICES,
+    Budget,
+    Config,
+    Contention,
+    Family,
+    Load,
+    Objective,
+    Sla,
+    StrategySpec,
+    Study,
+)
 
 TOP_KEYS = (
     "model", "archive", "input", "content_type", "form_field", "sla", "objective", "space", "load", "strategy",
-    "budget", "server", "model_config", "references",
+    "budget", "server", "model_config", "references", "contention",
 )  # fmt: skip
 SPACE_KEYS = (
     "optimizations", "devices", "workers", "batch_size", "batch_delay_ms", "threads", "inter_op_threads", "pinning",
 )  # fmt: skip
 LOAD_KEYS = (
     "mode", "concurrency", "factor", "requests", "duration", "warmup", "arrival", "steps", "engine", "timeout",
-    "protocol",
+    "protocol", "early_stop", "max_duration", "trace", "trace_format", "trace_options", "time_scale", "rate_scale",
+    "capacity_fraction",
 )  # fmt: skip
+TRACE_KEYS = ("trace", "trace_format", "trace_options", "time_scale", "rate_scale", "capacity_fraction")
 # config.properties keys the tuner sets itself for the embedded server
 RESERVED_SERVER_KEYS = (
     "inference_address", "management_address", "metrics_address", "model_store", "load_models", "models",
@@ -67,14 +82,17 @@ def parse(
 ) -> Study:
     """``extra_keys`` / ``extra_space_keys``: keys read elsewhere (by the loader and the targets), accepted here."""
     v.check_keys("", raw, (*TOP_KEYS, *extra_keys))
-    load = parse_load(raw.get("load"))
+    load = parse_load(raw.get("load"), source.parent)
     model, families, baseline, notes = parse_model("", raw, source.parent, devices, load, extra_space_keys)
+    sla, sla_scale = parse_sla_scaled(raw.get("sla"))
     references = v.mapping("references", raw.get("references") or {})
     return Study(
         model=model,
         families=families,
         baseline_family=baseline,
-        sla=parse_sla(raw.get("sla")),
+        sla=sla,
+        sla_scale=sla_scale,
+        contention=parse_contention(raw.get("contention")),
         objective=parse_objective(raw.get("objective", "throughput")),
         strategy=parse_strategy(raw.get("strategy", "adaptive")),
         budget=parse_budget(raw.get("budget")),
@@ -238,18 +256,61 @@ def _optimizations(value: Any, where: str = "space.optimizations") -> tuple[str,
 
 
 def parse_sla(value: Any, where: str = "sla") -> Sla:
+    sla, scale = parse_sla_scaled(value, where)
+    if scale:
+        raise ConfigError(f"{where}.{scale[0][0]}={scale[0][1]:g}x: a multiple of this machine's latency is for the "
+                          "study's SLA only; give milliseconds here")  # fmt: skip
+    return sla
+
+
+def parse_sla_scaled(value: Any, where: str = "sla") -> tuple[Sla, tuple[tuple[str, float], ...]]:
+    """The SLA, and the limits given as a multiple of this machine's single-request latency (``p99_ms: 3x``)."""
     if value is None:
-        return Sla()
+        return Sla(), ()
     sla = v.mapping(where, value)
     v.check_keys(where, sla, ("p99_ms", "p95_ms", "mean_ms", "max_error_rate"))
-    limits = {k: v.number(f"{where}.{k}", sla[k]) for k in ("p99_ms", "p95_ms", "mean_ms") if k in sla}
+    scale = tuple(
+        (k, multiple(f"{where}.{k}", sla[k])) for k in ("p99_ms", "p95_ms", "mean_ms") if _is_multiple(sla.get(k))
+    )
+    limits = {
+        k: v.number(f"{where}.{k}", sla[k])
+        for k in ("p99_ms", "p95_ms", "mean_ms")
+        if k in sla and k not in dict(scale)
+    }
     error_rate = 0.001
     if "max_error_rate" in sla:
         error_rate = v.number(f"{where}.max_error_rate", sla["max_error_rate"], 0.0, strict=False)
         if error_rate >= 1:
             expected = "a fraction between 0 and 1 (0.001 = 0.1%)"
             raise v.fail(f"{where}.max_error_rate", sla["max_error_rate"], expected)
-    return Sla(max_error_rate=error_rate, **limits)
+    return Sla(max_error_rate=error_rate, **limits), scale
+
+
+def _is_multiple(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower().endswith("x")
+
+
+def multiple(where: str, value: Any) -> float:
+    """``"3x"`` -> 3.0: a limit as a multiple of this machine's single-request latency."""
+    text = str(value).strip().lower().removesuffix("x").strip()
+    try:
+        number = float(text)
+    except ValueError:
+        raise v.fail(where, value, "milliseconds, or a multiple of the single-request latency such as 3x") from None
+    if not number > 1:
+        raise v.fail(where, value, "a multiple > 1 (3x: three times the single-request latency)")
+    return number
+
+
+def parse_contention(value: Any) -> Contention:
+    if value is None:
+        return Contention()
+    spec = v.mapping("contention", value)
+    v.check_keys("contention", spec, ("max_other_cores", "retries"))
+    return Contention(
+        max_other_cores=v.number("contention.max_other_cores", spec.get("max_other_cores", 0.25)),
+        retries=v.integer("contention.retries", spec.get("retries", 2), 0),
+    )
 
 
 def parse_objective(value: Any) -> Objective:
@@ -264,17 +325,23 @@ def parse_objective(value: Any) -> Objective:
     raise v.fail("objective", value, "throughput, or {cost: {cpu: PRICE, cuda: PRICE}} (price per device-hour)")
 
 
-def parse_load(value: Any) -> Load:
+def parse_load(value: Any, base: Path | None = None) -> Load:
     if value is None:
         return Load()
     if value in ("capacity", "concurrency"):
         return Load(mode=value)
     load = v.mapping("load", value)
     v.check_keys("load", load, LOAD_KEYS)
-    mode = load.get("mode", "concurrency")
-    if mode not in ("capacity", "concurrency"):
-        raise v.fail("load.mode", mode, "capacity or concurrency")
+    mode = load.get("mode", "trace" if "trace" in load else "concurrency")
+    if mode not in ("capacity", "concurrency", "trace"):
+        raise v.fail("load.mode", mode, "capacity, concurrency or trace")
     changes: dict[str, Any] = {"mode": mode}
+    if mode == "trace":
+        changes.update(parse_trace(load, base or Path(".")))
+    else:
+        for key in TRACE_KEYS:
+            if key in load:
+                raise ConfigError(f"load.{key}: only with a trace (load.trace: FILE)")
     if "concurrency" in load and load["concurrency"] != "auto":
         if mode == "capacity":
             raise ConfigError("load.concurrency: only for mode concurrency (capacity mode sets the rate itself)")
@@ -300,7 +367,33 @@ def parse_load(value: Any) -> Load:
         changes["timeout_s"] = v.duration("load.timeout", load["timeout"])
     if "protocol" in load:
         changes["protocol"] = parse_protocol("load.protocol", load["protocol"], changes.get("engine", "async"))
+    if "early_stop" in load:
+        changes["early_stop"] = v.boolean("load.early_stop", load["early_stop"])
+    if "max_duration" in load:
+        changes["max_duration_s"] = v.duration("load.max_duration", load["max_duration"])
     return Load(**changes)
+
+
+def parse_trace(load: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """A trace load's keys: the file (relative to the study), its format and importer options, and its scaling."""
+    from servetune.bench.traces import TRACE_FORMATS
+
+    if "trace" not in load:
+        raise ConfigError("load.trace: missing; mode trace replays a trace file (docs/bench.md lists the formats)")
+    out: dict[str, Any] = {"trace": v.path("load.trace", load["trace"], base), "early_stop": False}
+    if "trace_format" in load:
+        if load["trace_format"] not in TRACE_FORMATS:
+            raise v.fail("load.trace_format", load["trace_format"], f"one of {', '.join(TRACE_FORMATS)}")
+        out["trace_format"] = load["trace_format"]
+    options = v.mapping("load.trace_options", load.get("trace_options") or {})
+    out["trace_options"] = tuple((k, str(value)) for k, value in options.items())
+    for key in ("time_scale", "rate_scale", "capacity_fraction"):
+        if key in load:
+            out[key] = v.number(f"load.{key}", load[key])
+    for key in ("concurrency", "factor", "steps", "arrival", "requests"):
+        if key in load:
+            raise ConfigError(f"load.{key}: not with a trace (the trace says when each request leaves)")
+    return out
 
 
 def parse_protocol(where: str, value: Any, engine: str) -> str:
@@ -327,12 +420,16 @@ def parse_strategy(value: Any) -> StrategySpec:
     from servetune.tune.strategies import STRATEGIES
 
     spec = {"name": value} if isinstance(value, str) else dict(v.mapping("strategy", value))
-    v.check_keys("strategy", spec, ("name", "remeasure"))
+    v.check_keys("strategy", spec, ("name", "remeasure", "finalists", "rounds"))
     name = spec.get("name", "adaptive")
     if name not in STRATEGIES:
         raise v.fail("strategy.name" if not isinstance(value, str) else "strategy", name, " or ".join(STRATEGIES))
     remeasure = v.integer("strategy.remeasure", spec["remeasure"], 0) if "remeasure" in spec else 3
-    return StrategySpec(name=name, remeasure=remeasure)
+    finalists = v.integer("strategy.finalists", spec.get("finalists", 2), 0)
+    if finalists == 1:
+        raise v.fail("strategy.finalists", 1, "0 (none) or 2 and more: finalists are compared with each other")
+    rounds = v.integer("strategy.rounds", spec.get("rounds", 3), 2)
+    return StrategySpec(name=name, remeasure=remeasure, finalists=finalists, rounds=rounds)
 
 
 def parse_budget(value: Any) -> Budget:

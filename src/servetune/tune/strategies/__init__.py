@@ -6,9 +6,7 @@ A strategy is a tiny interface: :meth:`~.base.Strategy.propose` the next config 
 
 from __future__ import annotations
 
-import importlib
-
-from servetune._exceptions import ConfigError
+from servetune.registry import registered
 from servetune.tune.strategies.base import Proposal, Strategy
 
 STRATEGIES: dict[str, str] = {
@@ -18,11 +16,7 @@ STRATEGIES: dict[str, str] = {
 
 
 def load_strategy(name: str) -> type[Strategy]:
-    target = STRATEGIES.get(name)
-    if target is None:
-        raise ConfigError(f"strategy={name!r}: expected one of {', '.join(STRATEGIES)}")
-    module_name, _, attr = target.partition(":")
-    cls: type[Strategy] = getattr(importlib.import_module(module_name), attr)
+    cls: type[Strategy] = registered(STRATEGIES, name, f"strategy={name!r}: expected one of {', '.join(STRATEGIES)}")
     return cls
 
 

@@ -21,6 +21,7 @@ class Proposal:
     config: Point
     repeat: int = 0
     reason: str = ""
+    phase: str = ""  # "finalist": a round of the finalists' interleaved re-measure (``finalists.py``)
 
 
 class Strategy:

@@ -10,10 +10,10 @@ A *target* (``base.Target``) is one running server: the embedded one a kind star
 
 from __future__ import annotations
 
-import importlib
 from functools import cache
 
 from servetune._exceptions import ConfigError
+from servetune.registry import registered
 from servetune.tune.study import Study
 from servetune.tune.targets.base import Target, TargetKind
 
@@ -25,11 +25,7 @@ TARGETS: dict[str, str] = {
 
 @cache
 def target_kind(name: str) -> TargetKind:
-    where = TARGETS.get(name)
-    if where is None:
-        raise ConfigError(f"backend={name!r}: expected {' or '.join(TARGETS)}")
-    module, _, attr = where.partition(":")
-    kind: TargetKind = getattr(importlib.import_module(module), attr)()
+    kind: TargetKind = registered(TARGETS, name, f"backend={name!r}: expected {' or '.join(TARGETS)}")()
     return kind
 
 

@@ -19,10 +19,17 @@ class Target(Protocol):
     management: ManagementClient
     can_register: bool  # a model can be registered (another family, or batching where rebatch is not supported)
     can_rebatch: bool  # batch size and delay change in place (servetune's PUT /models/{name}?batch_size=)
+    knobs_in_place: bool  # threads and pinning change in place (the server echoes ``numThreads`` in describe)
+    pinning: bool  # workers can be pinned to cores of their own (``cpuPinning``)
 
     def start(self) -> None: ...
 
     def archive_url(self, family: Family) -> str: ...
+
+    def server_pids(self) -> tuple[int, ...]:
+        """The server's processes on this machine (their children included): their CPU is the server's, not
+        interference. () when unknown (the bench then looks for the process listening on the URL's port)."""
+        ...
 
     def close(self) -> None: ...
 

@@ -29,6 +29,8 @@ class EmbeddedTarget:
 
     can_register = True
     can_rebatch = True
+    knobs_in_place = True
+    pinning = True
 
     def __init__(self, study: Study, out_dir: Path, kind: TargetKind, *, echo: bool = False) -> None:
         self.study = study
@@ -67,6 +69,10 @@ class EmbeddedTarget:
         if family.label not in self._urls:
             self._urls[family.label] = self.builder.family(family, self.kind.model_config(family))
         return self._urls[family.label]
+
+    def server_pids(self) -> tuple[int, ...]:
+        proc = self.server.proc if self.server is not None else None
+        return (proc.pid,) if proc is not None else ()
 
     def close(self) -> None:
         if self.server is not None:

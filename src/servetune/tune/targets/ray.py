@@ -76,6 +76,8 @@ class RayKind(TargetKind):
             check_config(ServerConfig.from_properties(dict(study.server)))
         except ConfigError as exc:
             raise ConfigError(f"server: {exc}") from None
+        if any(True in family.pinning for family in study.families):
+            raise ConfigError("space.pinning: true is not supported on the Ray backend (Ray places replicas)")
         require_ray()
 
     def drop(self, study: Study, where: str) -> Study:
@@ -139,12 +141,6 @@ class RayKind(TargetKind):
         )
 
 
-def held_batches(family: Family) -> int | None:
-    """How many batches a replica of this family holds, when the Ray target set it."""
-    held = family.options.get(FAMILY_OPTION)
-    return None if held is None else int(held)
-
-
 def write_ray_serve_config(config_properties: Path, path: Path) -> Path:
     """The deployment of ``config_properties`` as a Ray Serve config, listening on every interface at Ray Serve's
     port (8000), with a proxy on every node: what ``serve deploy`` / KubeRay want on a cluster."""
@@ -161,6 +157,8 @@ class EmbeddedRayTarget(EmbeddedTarget):
     ``store/`` as on the native server; there is no metrics API: the bench reads the X-Servetune-* response headers.
     A local instance advertises enough CPUs for the widest config (Ray reserves ``numThreads`` CPUs per replica),
     so that every config the study names can be placed, oversubscribed as on the native server."""
+
+    pinning = False
 
     def start(self) -> None:
         from servetune.embedded import EmbeddedServer

@@ -51,6 +51,8 @@ class RemoteTarget:
         self.original: dict[str, object] = {}
         self.can_register = False
         self.can_rebatch = False
+        self.knobs_in_place = False
+        self.pinning = True  # a server that cannot pin refuses it (400): an error trial
 
     def start(self) -> None:
         if self.original:
@@ -62,6 +64,7 @@ class RemoteTarget:
         self.original = described
         self.can_register = self.management.model_api_enabled()
         self.can_rebatch = self.management.rebatch_supported(self.model, described)
+        self.knobs_in_place = "numThreads" in described  # servetune's describe; TorchServe's has no thread knobs
 
     def adapt(self, study: Study) -> tuple[Study, list[str]]:
         """The study reduced to what this server lets the tuner change."""
@@ -106,6 +109,9 @@ class RemoteTarget:
             )  # fmt: skip
         else:
             self.management.scale(self.model, workers)
+
+    def server_pids(self) -> tuple[int, ...]:
+        return ()  # a running server: the bench finds the process listening on its port, when it is on this machine
 
     def close(self) -> None:
         self.restore()

@@ -1,0 +1,261 @@
+"""The HTTP side of the gateway (``servetune.api.gateway``): how an HTTP request reaches it and how its answer goes
+back, for every HTTP API (TorchServe's inference routes, KServe v1, OIP v2 REST, the management API).
+
+- :func:`route`: a route with its :data:`~servetune.api.gateway.Access` and its protocol's error shape. The token is
+  checked first; every error is answered in the shape (TorchServe's ``{"code", "type", "message"}``, or KServe's
+  ``{"error": message}``); the status sent is counted by the gateway; a prediction whose client went away before
+  its batch was sent is answered 499 (nobody reads it).
+- :func:`caller`: the ``Authorization`` and ``x-request-id`` headers and the connection's disconnect flag (servetune's
+  HTTP protocol puts it in the scope: ``api/keepalive.py``; under another server, as Ray's proxy, :func:`infer`
+  watches the connection with a task).
+- :func:`read_body`: the body within ``max_request_size`` where it arrives (413 as soon as it passes), inflated from
+  gzip or deflate for KServe's protocols.
+- :func:`answer_response`: the handler's body and headers (an answer whose headers HTTP cannot carry is a 500: a CR
+  or LF would split the response), TorchServe's no-cache headers, the timing headers and ``x-request-id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from servetune._exceptions import ApiError
+from servetune.api.gateway import Access, Answer, Call, Caller, Gateway
+from servetune.api.keepalive import CLIENT_GONE_KEY
+
+NO_CACHE_HEADERS = {
+    "Pragma": "no-cache",
+    "Cache-Control": "no-cache; no-store, must-revalidate, private",
+    "Expires": "Thu, 01 Jan 1970 00:00:00 UTC",
+}
+CLIENT_GONE = 499  # nginx's "client closed request": nobody is left to read the answer
+
+Endpoint = Callable[[Request, Caller], Awaitable[Response]]
+ErrorShape = Callable[[ApiError], Response]
+
+
+# ---- answers -----------------------------------------------------------------------------------------------------
+
+
+def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """Pretty-printed JSON (TorchServe's Gson output) with TorchServe's no-cache headers."""
+    body = json.dumps(payload, indent=2)
+    return Response(body + "\n", status, {**NO_CACHE_HEADERS, **(headers or {})}, media_type="application/json")
+
+
+def error_response(error: ApiError) -> Response:
+    """An error as TorchServe answers it: ``{"code", "type", "message"}``."""
+    return Response(error.body, error.status, {**NO_CACHE_HEADERS, **error.headers}, media_type="application/json")
+
+
+def kserve_error_response(error: ApiError) -> Response:
+    """An error as KServe's protocols (v1, OIP v2) answer it: ``{"error": message}`` with the error's status."""
+    body = json.dumps({"error": error.message}).encode()
+    return Response(body, error.status, {**NO_CACHE_HEADERS, **error.headers}, media_type="application/json")
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110's field-name
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters, CR and LF among them
+
+
+def header_problem(headers: dict[str, str], content_type: str | None) -> str | None:
+    """Why the handler's response headers cannot be sent (a CR/LF would split the answer), or None."""
+    fields = [*headers.items(), *((("content-type", content_type),) if content_type else ())]
+    for name, value in fields:
+        if not _TOKEN.fullmatch(str(name)):
+            return f"the handler set a response header with an invalid name {str(name)[:80]!r}"
+        text = str(value)
+        if _BAD_VALUE.search(text) or not text.isascii() and not _latin1(text):
+            return f"the handler set response header {name!r} to an invalid value {text[:80]!r} (CR, LF or control)"
+    return None
+
+
+def _latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def answer_response(answer: Answer) -> Response:
+    """The handler's answer as HTTP: its body and headers, the no-cache headers, the timing headers and the request
+    id; ApiError 500 when a header the handler set cannot be sent."""
+    result = answer.result
+    problem = header_problem(result.headers, result.content_type)
+    if problem is not None:
+        raise ApiError.internal(problem)
+    headers = {**NO_CACHE_HEADERS, **result.headers, **dict(answer.timing()), "x-request-id": answer.request_id}
+    return Response(result.body, result.status, headers, media_type=result.content_type)
+
+
+# ---- requests ----------------------------------------------------------------------------------------------------
+
+
+def caller(request: Request, received: float) -> Caller:
+    """What the request's head says of its caller (no deadline: HTTP has none)."""
+    headers, gone = request.headers, request.scope.get(CLIENT_GONE_KEY)
+    return Caller(received, headers.get("authorization"), headers.get("x-request-id"), gone)
+
+
+def request_headers(request: Request, dropped: Sequence[str] = ()) -> dict[str, str]:
+    """The request's headers as a handler sees them (lower-case names, the last of repeated ones), less ``dropped``
+    (lower-case names)."""
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
+    for name in dropped:
+        headers.pop(name, None)
+    return headers
+
+
+async def read_body(request: Request, limit: int, *, encoded: bool = False) -> bytes:
+    """The whole body; ApiError 413 as soon as it (or its declared length) passes ``limit``. ``encoded``: a gzip or
+    deflate ``Content-Encoding`` is inflated (within ``limit`` too; 415 for another coding): KServe's protocols."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError.too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError.too_large(limit)
+        chunks.append(chunk)
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return decompress(body, request.headers.get("content-encoding"), limit) if encoded else body
+
+
+def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """A gzip or deflate request body (tritonclient's ``request_compression_algorithm``), within ``limit``."""
+    encoding = (encoding or "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ApiError(f"Content-Encoding {encoding!r} is not supported (gzip, deflate)", 415, "BadRequestException")
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | (16 if encoding == "gzip" else 0))
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ApiError.bad_request(f"the {encoding} body cannot be decompressed ({exc})") from None
+    if len(out) > limit:
+        raise ApiError.too_large(limit)
+    return out
+
+
+async def infer(gateway: Gateway, request: Request, who: Caller, call: Call) -> Answer:
+    """``gateway.infer`` for a request whose body has been read, dropping it from the queue if its client goes away.
+    servetune's HTTP protocol gives the caller a disconnect flag (no task per request); under another server, a task
+    watches ``receive``."""
+    if who.is_disconnected is not None:
+        return await gateway.infer(call, who)
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await gateway.infer(call, Caller(who.received, who.authorization, who.request_id, lambda: gone))
+    finally:
+        watcher.cancel()
+
+
+# ---- routes ------------------------------------------------------------------------------------------------------
+
+
+def route(
+    gateway: Gateway,
+    path: str,
+    endpoint: Endpoint,
+    methods: Sequence[str],
+    access: Access,
+    errors: ErrorShape = error_response,
+) -> Route:
+    """A route through the gateway: the token ``access`` needs, then ``endpoint(request, caller)``; an ApiError is
+    answered in ``errors``' shape; the answer's status is counted by the gateway."""
+
+    async def guarded(request: Request) -> Response:
+        who = caller(request, time.perf_counter())
+        try:
+            gateway.authorize(access, who.authorization)
+        except ApiError as exc:
+            return errors(exc)
+        try:
+            response = await endpoint(request, who)
+        except ApiError as exc:
+            response = errors(exc)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this request's own task is cancelled (shutdown): not a client that went away
+            return Response(b"", CLIENT_GONE)  # the client went away before its batch was sent: nobody to answer
+        gateway.count(access, response.status_code)
+        return response
+
+    return Route(path, guarded, methods=list(methods))
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    status = int(getattr(exc, "status_code", 500))
+    if status == 404:
+        return error_response(ApiError.not_found())
+    if status == 405:
+        return error_response(ApiError.method_not_allowed())
+    return error_response(ApiError(str(getattr(exc, "detail", exc)), status, "BadRequestException"))
+
+
+def exception_handlers() -> dict[Any, Any]:
+    """Starlette's exception handlers: ApiError and Starlette's own 404/405 answered as TorchServe answers them."""
+    return {HTTPException: _http_exception, ApiError: _api_error}
+
+
+def without_trailing_slash(app: ASGIApp) -> ASGIApp:
+    """TorchServe routes ``/models/x/`` as ``/models/x``; Starlette would redirect it (307), which a DELETE or PUT
+    client does not follow. Strip one trailing slash before routing."""
+
+    async def strip(scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+        await app(scope, receive, send)
+
+    return strip
+
+
+__all__ = [
+    "CLIENT_GONE",
+    "NO_CACHE_HEADERS",
+    "Endpoint",
+    "ErrorShape",
+    "answer_response",
+    "caller",
+    "decompress",
+    "error_response",
+    "exception_handlers",
+    "header_problem",
+    "infer",
+    "json_response",
+    "kserve_error_response",
+    "read_body",
+    "request_headers",
+    "route",
+    "without_trailing_slash",
+]

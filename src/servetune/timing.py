@@ -1,0 +1,37 @@
+"""Where an answer's time went, as servetune's servers send it and its clients read it: three fields, sent as response
+headers on REST and as trailing metadata on gRPC, named here once (lower case: gRPC's metadata keys are; HTTP header
+names are case-insensitive).
+
+Neutral: the API's gateway writes them (``servetune.api.gateway``), the load engines read them (``servetune.bench``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+QUEUE_MS = "x-servetune-queue-ms"  # accepted -> its batch sent to a worker, milliseconds
+HANDLER_MS = "x-servetune-handler-ms"  # the handler's time on the whole batch, milliseconds
+BATCH_SIZE = "x-servetune-batch-size"  # requests in the batch it ran in
+
+
+def timing_fields(queue_ms: float, handler_ms: float, batch_size: int) -> tuple[tuple[str, str], ...]:
+    """The three fields with their values, as a server sends them."""
+    return ((QUEUE_MS, f"{queue_ms:.3f}"), (HANDLER_MS, f"{handler_ms:.3f}"), (BATCH_SIZE, str(batch_size)))
+
+
+def read_timing(fields: Mapping[str, str]) -> tuple[float, float, int]:
+    """(queue ms, handler ms, batch size) from an answer's headers or trailing metadata (lower-case keys); NaN, NaN
+    and 0 for what is absent or not a number."""
+    batch = _number(fields.get(BATCH_SIZE))
+    return _number(fields.get(QUEUE_MS)), _number(fields.get(HANDLER_MS)), 0 if math.isnan(batch) else int(batch)
+
+
+def _number(value: str | None) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except ValueError:
+        return math.nan
+
+
+__all__ = ["BATCH_SIZE", "HANDLER_MS", "QUEUE_MS", "read_timing", "timing_fields"]

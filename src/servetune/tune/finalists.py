@@ -1,0 +1,164 @@
+"""Before a winner is named: the finalists measured again, interleaved, and compared pairwise with a confidence
+interval; when the data cannot tell two apart, the simpler (cheaper) one is chosen.
+
+A search measures each config once or twice, minutes apart, on a machine whose speed drifts: two configs closer
+than that drift are ranked by chance. So, once the search is over:
+
+1. **Finalists**: the best config meeting the SLA and the next ones within 10% of its objective (``count`` in all,
+   default 2), chosen from the search's own trials.
+2. **Interleaved rounds**: each finalist is measured ``rounds`` more times (default 3), in turn: A, B, A, B, ...
+   so that drift in the machine hits all of them alike.
+3. **Pairwise comparison**: round by round, the objective of the best finalist over each other one; the mean of
+   the log-ratios with Student's t at 95% gives the interval: "2 workers x batch 1 beats 1 worker x batch 2 by 14%
+   (95% CI 9-19%)". An interval that holds 1 says the two are **indistinguishable at this noise level**: of those,
+   the simplest is chosen (fewest workers, then the smallest batch, delay and threads: the cheapest to run, and
+   the one with the least latency at stake).
+
+Only the rounds' own figures enter the comparison (the search's earlier runs were not interleaved); a finalist
+whose rounds miss the SLA on their mean is out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+
+from servetune.bench.stats import mean_interval
+from servetune.tune.strategies.base import Proposal
+from servetune.tune.study import Point, Study
+from servetune.tune.trial import Summary, Trial, average, judge, summarise_all
+
+BAND = 0.9  # finalists: within 10% of the best objective
+PHASE = "finalist"
+
+
+def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[Point] | None = None) -> list[Point]:
+    """The configs to compare: the best meeting the SLA and the next within ``BAND`` of it, from the search's trials
+    (the finalists' own rounds left out, so that a resumed study picks the same ones)."""
+    count = study.strategy.finalists
+    if count < 2:
+        return []
+    searched = [t for t in trials if t.phase != PHASE]
+    passed = [s for s in summarise_all(searched, study) if s.verdict.passed]
+    if in_space is not None:
+        passed = [s for s in passed if s.config in in_space]
+    if len(passed) < 2:
+        return []
+    floor = BAND * passed[0].verdict.objective
+    return [s.config for s in passed if s.verdict.objective >= floor][:count]
+
+
+def plan(study: Study, finalists: Sequence[Point], trials: list[Trial]) -> Generator[Proposal, None, None]:
+    """The interleaved rounds (A, B, A, B, ...); ``trials`` is read after each yield for the repeat numbers."""
+    rounds = study.strategy.rounds
+    for r in range(rounds):
+        for config in finalists:
+            done = sum(1 for t in trials if t.config == config and t.phase == PHASE)
+            if done > r:
+                continue  # measured already (a resumed study)
+            repeat = sum(1 for t in trials if t.config == config)
+            yield Proposal(config, repeat, f"finalist round {r + 1} of {rounds}", phase=PHASE)
+
+
+def simplicity(point: Point) -> tuple[int, ...]:
+    """Smaller is simpler and cheaper: workers (and the cores their threads take), batch size, delay, pinning."""
+    parts = point.parts
+    return (
+        sum(p.workers * max(1, p.threads) for p in parts),
+        sum(p.workers for p in parts),
+        sum(p.batch_size for p in parts),
+        sum(p.batch_delay_ms for p in parts),
+        sum(p.inter_op_threads for p in parts),
+        sum(int(p.pinning) for p in parts),
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``best`` against ``other`` over the interleaved rounds: the ratio of their objectives (mean of the rounds'
+    log-ratios) with its 95% interval; ``distinguishable`` when the interval excludes 1."""
+
+    best: Point
+    other: Point
+    rounds: int
+    ratio: float
+    low: float | None
+    high: float | None
+
+    @property
+    def distinguishable(self) -> bool:
+        return self.low is not None and self.high is not None and (self.low > 1.0 or self.high < 1.0)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the rounds say: each comparison, the config chosen, and why."""
+
+    finalists: tuple[Point, ...]
+    comparisons: tuple[Comparison, ...]
+    chosen: Point | None
+    reason: str
+
+
+def objective_of(study: Study, trial: Trial) -> float | None:
+    figures = trial.figures()
+    if figures is None:
+        return None
+    if study.is_app:
+        return figures.throughput_rps
+    return study.objective.value(figures.throughput_rps, study.family(trial.config.parts[0].family).device)
+
+
+def compare(study: Study, trials: Sequence[Trial], finalists: Sequence[Point]) -> Verdict | None:
+    """The verdict of the finalists' rounds (None before any round was measured)."""
+    rounds = {c: [t for t in trials if t.config == c and t.phase == PHASE] for c in finalists}
+    if sum(len(r) for r in rounds.values()) == 0:
+        return None
+    summaries: dict[Point, Summary] = {}
+    for config, own in rounds.items():
+        measured = [f for t in own if (f := t.figures()) is not None]
+        if measured:
+            figures = average(measured)
+            summaries[config] = Summary(config, tuple(own), figures, judge(figures, config, study), 0, 0)
+    passing = [c for c in finalists if c in summaries and summaries[c].verdict.passed]
+    if not passing:
+        return Verdict(tuple(finalists), (), None, "no finalist met the SLA on its interleaved rounds")
+    best = max(passing, key=lambda c: summaries[c].verdict.objective)
+    comparisons = []
+    for other in passing:
+        if other == best:
+            continue
+        pairs = [
+            (a, b)
+            for ta, tb in zip(rounds[best], rounds[other], strict=False)
+            if (a := objective_of(study, ta)) and (b := objective_of(study, tb))
+        ]
+        logs = [math.log(a / b) for a, b in pairs]
+        interval = mean_interval(logs)
+        ratio = math.exp(sum(logs) / len(logs)) if logs else math.nan
+        low, high = (math.exp(interval[1]), math.exp(interval[2])) if interval else (None, None)
+        comparisons.append(Comparison(best, other, len(pairs), ratio, low, high))
+    ties = [best] + [c.other for c in comparisons if not c.distinguishable]
+    chosen = min(ties, key=lambda c: (simplicity(c), -summaries[c].verdict.objective))
+    if chosen == best:
+        reason = "the best finalist on the interleaved rounds" + (
+            ", and the simplest of those it cannot be told from" if len(ties) > 1 else ""
+        )
+    else:
+        reason = "indistinguishable at this noise level from the best finalist: the simpler (cheaper) one is chosen"
+    return Verdict(tuple(finalists), tuple(comparisons), chosen, reason)
+
+
+def sentence(comparison: Comparison, describe: Callable[[Point], str]) -> str:
+    """One comparison for people; ``describe`` names a config."""
+    best, other = describe(comparison.best), describe(comparison.other)
+    rounds = f"{comparison.rounds} interleaved round{'s' if comparison.rounds != 1 else ''}"
+    if comparison.low is None or comparison.high is None:
+        return f"{best} against {other}: ratio {comparison.ratio:.3f} over {rounds} (too few for an interval)"
+    pct = f"95% CI {100 * (comparison.low - 1):.0f}–{100 * (comparison.high - 1):.0f}%"
+    if comparison.distinguishable:
+        return f"{best} beats {other} by {100 * (comparison.ratio - 1):.0f}% ({pct}, {rounds})"
+    return (
+        f"{best} and {other} are indistinguishable at this noise level (ratio {comparison.ratio:.3f}, {pct}, {rounds})"
+    )

@@ -1,0 +1,200 @@
+"""Figures the tuner can trust: finalists compared pairwise with an interval, trials that stop once decided, a
+contended trial measured again and shown as such, an SLA sized to this machine, and a distinct exit status when
+nothing meets it. The comparisons are unit-tested on made-up trials; two studies run on real servers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from servetune.bench.recording import Recording
+from servetune.tune import Config, load_study, tune
+from servetune.tune import finalists as final
+from servetune.tune.confidence import decider
+from servetune.tune.report import describe, finalist_lines
+from servetune.tune.study import Sla
+from servetune.tune.trial import Trial
+from tune_models import cost_archive
+from tune_synthetic import family, result, study
+
+A, B = Config("eager/cpu", 2, 1, 10), Config("eager/cpu", 1, 2, 10)
+
+
+def rounds(a: list[float], b: list[float]) -> list[Trial]:
+    """The search's one trial of each, then interleaved finalist rounds (A, B, A, B, ...) with these throughputs."""
+    trials = [Trial(0, A, 0, "ok", result(max(a), 100.0)), Trial(1, B, 0, "ok", result(max(b), 100.0))]
+    for x, y in zip(a, b, strict=True):
+        for config, rps in ((A, x), (B, y)):
+            repeat = sum(t.config == config for t in trials)
+            trials.append(Trial(len(trials), config, repeat, "ok", result(rps, 100.0), phase="finalist"))
+    return trials
+
+
+def test_finalists_are_chosen_and_measured_interleaved() -> None:
+    s = study(family(workers=(1, 2), batch=(1, 2), delays=(10,)), p99_ms=300)
+    searched = [Trial(0, A, 0, "ok", result(100.0, 100.0)), Trial(1, B, 0, "ok", result(95.0, 100.0)),
+                Trial(2, Config("eager/cpu", 1, 1, 10), 0, "ok", result(50.0, 100.0))]  # fmt: skip
+    chosen = final.choose_finalists(s, searched)
+    assert chosen == [A, B]  # within 10% of the best; the third serves half as much
+    trials = list(searched)
+    order = []
+    for proposal in final.plan(s, chosen, trials):
+        order.append((proposal.config, proposal.repeat, proposal.phase))
+        trials.append(Trial(len(trials), proposal.config, proposal.repeat, "ok", result(90.0, 100.0), phase="finalist"))
+    assert order == [(A, 1, "finalist"), (B, 1, "finalist"), (A, 2, "finalist"), (B, 2, "finalist"),
+                     (A, 3, "finalist"), (B, 3, "finalist")]  # fmt: skip
+    assert list(final.plan(s, chosen, trials)) == []  # all rounds measured: a resumed study measures none again
+    assert final.choose_finalists(s, trials) == chosen  # the rounds do not change who the finalists are
+
+
+def test_a_clear_difference_is_named_with_its_interval() -> None:
+    s = study(family(workers=(1, 2), batch=(1, 2), delays=(10,)), p99_ms=300)
+    verdict = final.compare(s, rounds([100.0, 102.0, 101.0], [80.0, 81.0, 79.0]), [A, B])
+    assert verdict is not None and verdict.chosen == A and len(verdict.comparisons) == 1
+    comparison = verdict.comparisons[0]
+    assert comparison.distinguishable and comparison.rounds == 3
+    assert comparison.ratio == pytest.approx((100 / 80 * 102 / 81 * 101 / 79) ** (1 / 3))
+    assert comparison.low is not None and comparison.high is not None and 1.0 < comparison.low < comparison.high
+    text = final.sentence(comparison, lambda p: describe(p, s))
+    assert text.startswith("eager on cpu, 2 workers, batch 1, delay 10 ms beats eager on cpu, 1 worker, batch 2")
+    assert "by 26% (95% CI" in text and "3 interleaved rounds" in text
+
+
+def test_indistinguishable_finalists_give_the_simpler_one() -> None:
+    s = study(family(workers=(1, 2), batch=(1, 2), delays=(10,)), p99_ms=300)
+    trials = rounds([100.0, 95.0, 105.0], [98.0, 102.0, 96.0])
+    verdict = final.compare(s, trials, [A, B])
+    assert verdict is not None and not verdict.comparisons[0].distinguishable
+    assert verdict.chosen == B  # 1 worker x batch 2 is cheaper than 2 workers x batch 1
+    assert "indistinguishable at this noise level" in verdict.reason and "simpler (cheaper)" in verdict.reason
+    from servetune.tune.analysis import analyse
+
+    analysis = analyse(s, trials)
+    assert analysis.winner is not None and analysis.winner.config == B
+    lines = finalist_lines(analysis, s)
+    assert "indistinguishable at this noise level" in lines[0] and lines[-1].startswith("Chosen: eager on cpu, 1 w")
+
+
+def test_a_finalist_that_misses_on_its_rounds_is_out() -> None:
+    s = study(family(workers=(1, 2), batch=(1, 2), delays=(10,)), p99_ms=300)
+    trials = rounds([100.0, 100.0, 100.0], [90.0, 90.0, 90.0])
+    trials = [t if t.config != A or t.phase != "finalist" else Trial(t.index, A, t.repeat, "ok", result(100.0, 400.0),
+                                                                     phase="finalist") for t in trials]  # fmt: skip
+    verdict = final.compare(s, trials, [A, B])
+    assert verdict is not None and verdict.chosen == B and verdict.comparisons == ()
+
+
+def recording(latency_ms: list[float], seconds: float) -> Recording:
+    rec = Recording()
+    for i, lat in enumerate(latency_ms):
+        rec.add(i * seconds / len(latency_ms), lat, 200, 0.0, lat, 1)
+    return rec
+
+
+def test_a_run_stops_once_its_figures_decide() -> None:
+    sla = Sla(p99_ms=100.0)
+    enough = decider(sla, best_rps=None)
+    # A clear miss shows in a few dozen samples: their lower bound on P99 is already over the limit.
+    assert enough(recording([500.0] * 40, 1.0), 1.0)
+    assert not enough(recording([500.0] * 20, 1.0), 1.0)  # too few to say anything
+    # A clear pass needs an upper bound on P99 within the limit (299 samples or more) and a tight throughput.
+    assert not enough(recording([10.0] * 200, 2.0), 2.0)
+    assert enough(recording([10.0] * 1000, 2.0), 2.0)
+    # On the line: P99 straddles the limit, so the run goes on.
+    rng = np.random.default_rng(0)
+    near = list(rng.uniform(50, 100, 985)) + list(rng.uniform(100, 110, 15))
+    assert not enough(recording(near, 2.0), 2.0)
+    # Clearly below the best config's throughput (500 req/s against 1000): it cannot win.
+    assert decider(sla, best_rps=1000.0)(recording([10.0] * 1000, 2.0), 2.0)
+
+
+def cost_study(folder: Path, model: Path, **changes: Any) -> Path:
+    data: dict[str, Any] = {
+        "model": "cost",
+        "archive": str(model),
+        "space": {"workers": [1], "batch_size": [1], "batch_delay_ms": [10]},
+        "load": {"duration": "1s", "warmup": "0.3s"},
+        "strategy": {"name": "grid", "remeasure": 0, "finalists": 0},
+        **changes,
+    }
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cost")
+    return cost_archive(folder / "store", folder / "locks", a_ms=40, b_ms=0, slots=1)
+
+
+def test_a_core_burnt_by_another_process_makes_a_contended_trial(tmp_path: Path, model: Path) -> None:
+    # The study replays a trace (20 req/s for 1.5 s; the model serves 25) while another process burns a core.
+    (tmp_path / "trace.csv").write_text("t_ms\n" + "".join(f"{50 * i}\n" for i in range(30)))
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(1)]
+    try:
+        time.sleep(0.3)
+        path = cost_study(tmp_path, model, sla={"p99_ms": 2000}, load={"trace": "trace.csv", "warmup": 0},
+                          contention={"max_other_cores": 0.25, "retries": 1})  # fmt: skip
+        done = tune(load_study(path), tmp_path / "out")
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    (trial,) = done.trials
+    assert trial.status == "ok" and trial.result is not None and trial.result.host is not None
+    # The burner used a core all along: both runs were contended; the trial says so and keeps the less disturbed.
+    assert trial.contended and len(trial.attempts) == 2 and trial.remeasured == 1
+    assert sum(a.kept for a in trial.attempts) == 1 and all(a.contended for a in trial.attempts)
+    assert trial.result.host.others_cores >= 0.25
+    # Judged on the whole trace, with its goodput and attainment.
+    assert trial.load["trace"].startswith("trace.csv (csv)") and trial.result.sent == 30
+    assert trial.result.slo is not None and trial.result.slo.sent == 30 and trial.result.mode == "open"
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "contended" in report and "measured again" in report
+    row = (tmp_path / "out" / "trials.csv").read_text().splitlines()
+    header = row[0].split(",")
+    assert "Interference" in header and "contended:" in row[1]
+    saved = json.loads((tmp_path / "out" / "trials.jsonl").read_text().splitlines()[1])
+    assert len(saved["attempts"]) == 2 and saved["result"]["host"]["contended"]
+
+
+def test_an_sla_sized_to_this_machine_and_finalists(tmp_path: Path, model: Path) -> None:
+    # One slot of 40 ms: 2 workers serve no more than 1, so the two finalists tie and the simpler may win.
+    path = cost_study(
+        tmp_path, model, sla={"p99_ms": "10x"}, space={"workers": [1, 2], "batch_size": [1], "batch_delay_ms": [10]},
+        strategy={"name": "grid", "remeasure": 0, "finalists": 2, "rounds": 2},
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "servetune", "tune", str(path), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    # 1 worker: 1 client, ~42 ms a request; 2 workers: 2 clients take turns, ~84 ms; the SLA: 10 x ~42 ms.
+    assert done.returncode == 0, done.stderr
+    assert "SLA for this machine: P99 <= 10 x the single-request latency" in done.stderr
+    calibration = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    assert 40.0 <= calibration["single_request_ms"] < 400.0
+    report = (tmp_path / "out" / "report.md").read_text()
+    limit = round(10 * calibration["single_request_ms"], 1)
+    assert f"P99 <= {limit:g} ms" in report
+    lines = [json.loads(line) for line in (tmp_path / "out" / "trials.jsonl").read_text().splitlines()[1:]]
+    phases = [(line["config"]["workers"], line["phase"]) for line in lines]
+    assert phases[:2] == [(1, ""), (2, "")]
+    if len(phases) == 2:
+        # Noise put one more than 10% behind the other: a single finalist, nothing to compare.
+        assert "## Finalists" not in report
+        return
+    first, second = phases[2][0], 3 - phases[2][0]  # the best finalist first, then in turns
+    assert phases[2:] == [(first, "finalist"), (second, "finalist"), (first, "finalist"), (second, "finalist")]
+    assert "## Finalists" in report and "Chosen: eager on cpu" in done.stdout
+    if "indistinguishable at this noise level" in done.stdout:
+        # Two rounds leave a wide interval (Student's t with 1 degree of freedom: 12.7): the simpler config wins.
+        assert "Chosen: eager on cpu, 1 worker, batch 1" in done.stdout
