@@ -68,12 +68,19 @@ def file_of(frame: str) -> str:
 CONCERNS = [
     ("thread count per batch (psutil /sys glob)", ("hardware.py", "worker_threads", "psutil/")),
     ("metrics (prometheus_client, servetune metrics)", ("prometheus_client/", "servetune/api/metrics.py")),
-    ("worker framing (protocol.py, JSON)", ("servetune/server/protocol.py",)),
+    ("handler metrics (worker: context.metrics)", ("servetune/handlers/metrics.py",)),
+    (
+        "worker framing (protocol.py, messages.py, JSON)",
+        ("servetune/server/protocol.py", "servetune/server/messages.py", "orjson", "json/"),
+    ),
     ("worker pipe (process.py, asyncio streams)", ("servetune/server/process.py", "asyncio/streams.py")),
     ("batcher and dispatch (batcher.py, model.py)", ("servetune/server/batcher.py", "servetune/server/model.py")),
     ("request id (uuid4)", ("uuid.py",)),
     ("request headers (starlette Headers, dict copy)", ("starlette/datastructures.py",)),
-    ("response object and headers (starlette Response)", ("starlette/responses.py", "answer_response")),
+    (
+        "response object and headers (starlette Response, timing headers, one write)",
+        ("starlette/responses.py", "answer_response", "servetune/api/onewrite.py"),
+    ),
     ("body read (request.stream)", ("read_body", "starlette/requests.py")),
     ("multipart/form parsing", ("multipart", "starlette/formparsers.py", "parse_inputs")),
     (
@@ -89,6 +96,7 @@ CONCERNS = [
         "predictions endpoint and gateway (torchserve_rest.py, rest.py, gateway.py)",
         ("servetune/api/torchserve_rest.py", "servetune/api/rest.py", "servetune/api/gateway.py"),
     ),
+    ("worker handler contract (service.py, envelopes)", ("servetune/handlers/",)),
     ("event loop, tasks, futures (asyncio)", ("asyncio/", "selectors.py", "_weakrefset.py", "contextvars")),
 ]
 
@@ -161,7 +169,7 @@ def main() -> None:
         with EmbeddedServer(store, {"noop": "noop.mar"}, properties) as server:
             assert server.proc is not None
             frontend = psutil.Process(server.proc.pid)
-            worker = frontend.children()[0]
+            [worker] = [p for p in frontend.children(recursive=True) if "servetune.server.worker" in p.cmdline()]
             url = f"{server.inference_url}/predictions/noop"
             ab = ["ab", "-k", "-c", str(args.concurrency), "-t", f"{args.seconds + 5:g}", "-n", "100000000"]
             ab += ["-p", str(body), "-T", "application/octet-stream", url]

@@ -82,6 +82,7 @@ def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
         ("enable_model_api", "maybe", "expected true or false"),
         ("models", "{not json", "not valid JSON"),
         ("allowed_urls", "http://(", "not a valid regular expression"),
+        ("worker_preload", "always", "worker_preload='always': expected one of auto, model, imports, off"),
         ("max_header_size", "10", "must be >= 64"),
         ("header_timeout_ms", "0", "must be >= 1"),
         ("max_tensor_dims", "65", "must be <= 64"),
@@ -110,8 +111,15 @@ def test_model_config_yaml_keys_and_handler_passthrough() -> None:
 
 @pytest.mark.parametrize(
     "bad", [{"batchSize": 0}, {"batchSize": "8"}, {"deviceType": "tpu"}, {"deviceIds": [-1]},
-            {"minWorkers": 3, "maxWorkers": 1}],
+            {"minWorkers": 3, "maxWorkers": 1}, {"workerPreload": True}, {"workerPreload": "fork"}],
 )
 def test_model_config_rejects_bad_values(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match="model-config.yaml"):
         ModelConfig().merged(bad, source="model-config.yaml")
+
+
+def test_worker_preload_model_config_over_the_server_default() -> None:
+    assert ServerConfig().worker_preload == "auto"
+    assert ServerConfig.from_properties({"worker_preload": "imports"}).worker_preload == "imports"
+    assert ModelConfig().merged({"workerPreload": "off"}, source="model-config.yaml").worker_preload == "off"
+    assert ModelConfig().worker_preload is None  # the server's default applies

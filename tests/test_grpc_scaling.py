@@ -60,7 +60,10 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     pb = generate_stubs(tmp_path_factory.mktemp("stubs"))
     store = tmp_path_factory.mktemp("store")
     sleep_archive(store, "noop", batch_ms=1.0)
-    sleep_archive(store, "slow", batch_ms=1.0, model_config={"sleep": {"load_s": 0.5}})
+    # Each worker loads for 0.5 s, forked from a parent that imported the handler only (one that loaded the model
+    # would fork ready workers in milliseconds: no scale would still be loading when the unregister comes).
+    slow = {"workerPreload": "imports", "sleep": {"load_s": 0.5}}
+    sleep_archive(store, "slow", batch_ms=1.0, model_config=slow)
     properties = {"default_workers_per_model": "1", "disable_token_authorization": "true", "enable_model_api": "true"}
     with EmbeddedServer(store, {"noop": "noop.mar"}, properties, workdir=tmp_path_factory.mktemp("server")) as server:
         api = Api(server, pb)

@@ -15,6 +15,7 @@ import torch
 
 from servetune._exceptions import HandlerError
 from servetune.handlers import Control, InputParam, Request, Response, Service, load_service, uninstall_ts_alias
+from servetune.handlers.loader import heavy_imports
 
 
 @pytest.fixture(autouse=True)
@@ -442,6 +443,36 @@ def test_handler_breaking_the_context_still_gets_answers(tmp_path: Path) -> None
     )
     out = service.predict([req(b""), req(b"")])
     assert [(r.status, error(r)["message"]) for r in out] == [(503, "Prediction failed")] * 2
+
+
+@pytest.mark.parametrize(
+    ("files", "handler", "extra", "reason"),
+    [
+        ({}, "image_classifier", {}, "the built-in handler image_classifier uses torch"),
+        ({"h.py": "import json\n"}, "h.py", {"serializedFile": "w.pt"}, "the manifest names a serializedFile (w.pt)"),
+        (
+            {"h.py": "def handle(d, c):\n    from ts.torch_handler import base_handler\n"},
+            "h.py",
+            {},
+            "h.py imports ts.torch_handler",  # inside a function: initialize runs in the loading parent
+        ),
+        (
+            {"h.py": "import helper\n", "helper.py": "import transformers.pipelines\n"},
+            "h",
+            {},
+            "helper.py imports transformers.pipelines",
+        ),
+        ({"h.py": "import json, os\nfrom . import x\n"}, "h.py", {}, None),
+        ({"image_classifier.py": "import json\n"}, "image_classifier", {}, None),  # the archive's own, not the built-in
+    ],
+)
+def test_heavy_imports_are_read_from_the_archives_files(
+    tmp_path: Path, files: dict[str, str], handler: str, extra: dict[str, str], reason: str | None
+) -> None:
+    for name, source in files.items():
+        (tmp_path / name).write_text(source)
+    found = heavy_imports({"model": {"handler": handler, **extra}}, tmp_path)
+    assert found == reason
 
 
 def test_a_batch_is_split_by_control_and_client_control_headers_are_dropped(tmp_path: Path) -> None:

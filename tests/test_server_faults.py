@@ -131,7 +131,10 @@ def test_load_failure_fails_registration_with_the_handlers_message(tmp_path: Pat
 def test_crash_loop_is_reported(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "store"
     marker = tmp_path / "broken"
-    sleep_archive(store, model_config={"sleep": {"fail_load_if_exists": str(marker)}})
+    # Spawned workers, each loading the model again: a worker forked from the model's parent gets the model as the
+    # parent loaded it, and comes back whatever the marker says (tests/test_server_memory.py).
+    config = {"workerPreload": "off", "sleep": {"fail_load_if_exists": str(marker)}}
+    sleep_archive(store, model_config=config)
     server = start_server(model_store=store, models={"sleep": "sleep.mar"})
     pid = _wait_ready(server)[0]["pid"]
     assert call("GET", f"{server.inference_url}/ping").status == 200
@@ -186,8 +189,11 @@ def test_sigterm_to_the_process_group_finishes_in_flight_requests(tmp_path: Path
 
 
 def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
+    """Spawned workers (PDEATHSIG), and a model's parent with the workers it forked (PDEATHSIG for the parent; each
+    forked worker watches the frontend itself, as it outlives its parent otherwise)."""
     store = tmp_path / "store"
-    sleep_archive(store)
+    sleep_archive(store)  # its handler mentions torch: forked from a parent
+    sleep_archive(store, name="spawned", model_config={"workerPreload": "off"})
     config = tmp_path / "config.properties"
     config.write_text(
         "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
@@ -206,6 +212,8 @@ def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
             str(store),
             "--models",
             "sleep=sleep.mar",
+            "--models",
+            "spawned=spawned.mar",
         ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -219,7 +227,10 @@ def test_workers_exit_when_the_frontend_is_killed(tmp_path: Path) -> None:
                 if line.startswith("Model server started."):
                     break
             workers = psutil.Process(proc.pid).children(recursive=True)
-            assert len(workers) == 2
+            children = psutil.Process(proc.pid).children()
+            assert len(workers) == 5 and len(children) == 3  # a parent with 2 workers, 2 spawned workers
+            parent = next(c for c in children if "servetune.server.forkserver" in c.cmdline())
+            assert len(parent.children()) == 2
     finally:
         proc.kill()  # the point of the test, and no stray server if it failed before that
         proc.wait()

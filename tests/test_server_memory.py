@@ -1,18 +1,24 @@
 """What a served model costs in memory, read from a real server's processes (/proc), not from imports in this test:
 the frontend carries no torch, a worker only what its handler imports, two workers of one model share their
-weights' pages, and describe and the metrics API report each worker's RSS and PSS."""
+weights' pages and (forked from the model's parent) torch's, and describe and the metrics API report each worker's
+RSS and PSS. The last tests kill workers and the parent: a killed one is replaced."""
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from http_client import call
-from models import sleep_archive
+from models import ECHO_HANDLER, handler_archive, sleep_archive
+from procfs import anonymous_memory
 from servetune.archive import create_archive
 from servetune.embedded import EmbeddedServer
 
@@ -85,9 +91,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedS
     tmp = tmp_path_factory.mktemp("memory")
     store = tmp / "store"
     sleep_archive(store, name="noop", batch_ms=0)  # its handler imports no torch
+    handler_archive(store, "echo", "echo.py", ECHO_HANDLER, {})  # its code imports json only
     expected = weights_archive(store, tmp)
     properties = {"disable_token_authorization": "true", "default_workers_per_model": "1"}
-    models = {"noop": "noop.mar", "wide": "wide.mar"}
+    models = {"noop": "noop.mar", "wide": "wide.mar", "echo": "echo.mar"}
     with EmbeddedServer(store, models, properties, workdir=tmp / "server") as server:
         yield server, expected
 
@@ -120,6 +127,16 @@ def test_a_worker_whose_handler_needs_no_torch_maps_none(served: tuple[EmbeddedS
     assert "numpy" not in mapped  # TorchServe's protocol needs no tensor codec: numpy loads on a first v2 request
     # its threads are still reported (and given to torch if the handler ever imports it)
     assert worker["numThreads"] >= 1
+    # its handler mentions torch (in a branch this model does not take): forked from a parent, which has no torch
+    # either
+    assert "libtorch" not in maps(psutil.Process(worker["pid"]).ppid())
+
+
+def test_a_model_whose_code_imports_nothing_heavy_has_no_parent_process(served: tuple[EmbeddedServer, float]) -> None:
+    server, _ = served
+    assert server.proc is not None
+    [worker] = workers(server, "echo")
+    assert psutil.Process(worker["pid"]).ppid() == server.proc.pid  # spawned by the frontend (workerPreload auto)
 
 
 def weights_mapping(pid: int) -> tuple[int, int, set[str]]:
@@ -173,3 +190,102 @@ def test_describe_and_metrics_report_each_workers_rss_and_pss(served: tuple[Embe
         assert f"servetune_worker_rss_bytes{{{labels}}}" in text
         assert f"servetune_worker_pss_bytes{{{labels}}}" in text
     assert 'servetune_worker_pss_bytes{model_name="noop"' in text
+    # the parent the wide workers were forked from: its own share of the pages it shares with them
+    assert 'servetune_worker_pss_bytes{model_name="wide",model_version="1.0",worker_id="parent"}' in text
+    assert not [line for line in text.splitlines() if 'model_name="echo"' in line and 'worker_id="parent"' in line]
+
+
+def test_workers_of_a_torch_model_are_forked_from_its_parent_and_share_torchs_memory(
+    served: tuple[EmbeddedServer, float],
+) -> None:
+    server, _ = served
+    assert server.proc is not None
+    described = workers(server, "wide")
+    parents = {psutil.Process(w["pid"]).ppid() for w in described}
+    assert len(parents) == 1 and server.proc.pid not in parents  # one parent, not the frontend...
+    [parent] = parents
+    assert "servetune.server.forkserver" in psutil.Process(parent).cmdline()
+    assert psutil.Process(parent).ppid() == server.proc.pid  # ...which the frontend started
+    assert "libtorch" in maps(parent)  # the parent imported torch once for both
+    for worker in described:
+        shared, private = anonymous_memory(worker["pid"])
+        # torch's own memory (~250 MB with this torch: its import, before any model) is the parent's pages, not a
+        # private copy: a spawned worker has all of it private (0 shared)
+        assert shared >= 100 * 2**20, (worker["pid"], shared, private)
+        assert private <= 0.5 * shared, (worker["pid"], shared, private)
+
+
+def wait_for_workers(server: EmbeddedServer, model: str, old: set[int], timeout: float = 60.0) -> list[dict]:  # type: ignore[type-arg]
+    """The model's workers once none of them is one of ``old`` and all are ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        described = workers(server, model)
+        if all(w["status"] == "READY" and w["pid"] not in old for w in described):
+            return described
+        time.sleep(0.1)
+    raise AssertionError(f"{model}: workers not replaced: {workers(server, model)}")
+
+
+def answered_by(server: EmbeddedServer, model: str, pids: set[int]) -> list[dict]:  # type: ignore[type-arg]
+    """Answers of ``model`` until each of ``pids`` has answered."""
+    seen: set[int] = set()
+    answers = []
+    for _ in range(40):
+        answers.append(call("POST", f"{server.inference_url}/predictions/{model}", b"x").json())
+        seen.add(answers[-1]["pid"])
+        if seen == pids:
+            return answers
+    raise AssertionError(f"answered by {seen}, expected {pids}")
+
+
+def test_a_killed_worker_is_forked_again_from_its_parent(served: tuple[EmbeddedServer, float]) -> None:
+    server, expected = served
+    first, second = (w["pid"] for w in workers(server, "wide"))
+    parent = psutil.Process(first).ppid()
+    os.kill(first, signal.SIGKILL)
+    pids = {w["pid"] for w in wait_for_workers(server, "wide", {first})}
+    assert second in pids and {psutil.Process(pid).ppid() for pid in pids} == {parent}  # the same parent forked it
+    for answer in answered_by(server, "wide", pids):
+        assert answer["sum"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_workers_outlive_a_killed_parent_and_the_next_worker_gets_a_new_one(
+    served: tuple[EmbeddedServer, float],
+) -> None:
+    server, _ = served
+    assert server.proc is not None
+    [worker] = workers(server, "noop")  # forked from a parent without torch: a new one starts fast
+    parent = psutil.Process(worker["pid"]).ppid()
+    os.kill(parent, signal.SIGKILL)
+    answered_by(server, "noop", {worker["pid"]})  # it watches the frontend, not its parent
+    os.kill(worker["pid"], signal.SIGKILL)
+    [new] = wait_for_workers(server, "noop", {worker["pid"]})
+    new_parent = psutil.Process(new["pid"]).ppid()
+    assert new_parent not in (parent, server.proc.pid)
+    assert "servetune.server.forkserver" in psutil.Process(new_parent).cmdline()
+    answered_by(server, "noop", {new["pid"]})
+    assert call("GET", f"{server.inference_url}/ping").status == 200
+
+
+def test_a_stale_parent_is_replaced_and_stops_once_its_last_worker_has_exited(
+    served: tuple[EmbeddedServer, float],
+) -> None:
+    """A batch size changed in place makes the parent's loaded model stale: the next worker gets a new parent, and the
+    old one stays (its worker would otherwise be orphaned) until that worker exits."""
+    server, _ = served
+    management = f"{server.management_url}/models/noop"
+    [old] = workers(server, "noop")
+    old_parent = psutil.Process(old["pid"]).ppid()
+    watched = psutil.Process(old_parent)
+    assert call("PUT", f"{management}?batch_size=4").status == 200
+    assert call("PUT", f"{management}?min_worker=2&synchronous=true").status == 200
+    [new] = [w for w in workers(server, "noop") if w["pid"] != old["pid"]]
+    new_parent = psutil.Process(new["pid"]).ppid()
+    assert new_parent != old_parent and watched.is_running()
+    text = call("GET", f"{server.metrics_url}/metrics").body.decode()
+    assert f'model_name="noop",model_version="1.0",worker_id="parent-{old_parent}"' in text
+    os.kill(old["pid"], signal.SIGKILL)
+    [replaced] = [w for w in wait_for_workers(server, "noop", {old["pid"]}) if w["pid"] != new["pid"]]
+    assert psutil.Process(replaced["pid"]).ppid() == new_parent
+    gone, _ = psutil.wait_procs([watched], timeout=10)
+    assert gone, "the old parent outlived its last worker"

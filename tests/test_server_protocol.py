@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import threading
 import time
 
 import pytest
@@ -12,7 +14,16 @@ from hypothesis import strategies as st
 
 from servetune.api.types import InferRequest
 from servetune.server.batcher import Batcher, Job, QueueFull
-from servetune.server.protocol import ProtocolError, decode, encode, read_frame, recv_frame
+from servetune.server.protocol import (
+    FrameBuffer,
+    ProtocolError,
+    SocketFrames,
+    decode,
+    encode,
+    read_frame,
+    recv_chunk,
+    recv_frame,
+)
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=20), st.none()), max_size=5)
 
@@ -31,6 +42,31 @@ def test_frames_over_a_socket_pair() -> None:
         a.close()
         with pytest.raises(EOFError):
             recv_frame(b)
+
+
+def test_a_worker_reads_frames_of_any_size_however_they_arrive() -> None:
+    """Several small frames in one recv, a frame cut anywhere, frames larger than what one recv asks for, values
+    orjson refuses (written and read by json instead)."""
+    sent = [
+        ({"type": "predict", "n": 0}, [b"a"]),
+        ({"type": "predict", "n": 1}, [b"b" * 200_000, b""]),
+        ({"big": 2**70, "text": "\ud800"}, []),
+        ({"type": "predict", "n": 3}, [b"c" * 65_530]),
+        ({"type": "predict", "n": 4}, []),
+    ]
+    stream = b"".join(encode(header, blobs) for header, blobs in sent)
+    a, b = socket.socketpair()
+    with a, b:
+        frames = SocketFrames(b)
+        for cut in (0, 3, 9, 70_000, 200_100, len(stream) - 1):  # sent in two parts, cut here
+            parts = (stream[:cut], stream[cut:])
+            sender = threading.Thread(target=lambda parts=parts: [a.sendall(part) for part in parts])
+            sender.start()
+            assert [frames.next() for _ in sent] == sent
+            sender.join()
+        a.close()
+        with pytest.raises(EOFError):
+            frames.next()
 
 
 def test_corrupt_frame_is_refused() -> None:
@@ -132,3 +168,47 @@ def test_batcher_validates_arguments(kwargs: dict[str, float]) -> None:
     args = {"batch_size": 1, "max_delay_s": 0.0, "capacity": 1, **kwargs}
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         Batcher(int(args["batch_size"]), float(args["max_delay_s"]), int(args["capacity"]))
+
+
+def test_frames_carry_their_own_file_descriptors_whatever_the_chunks() -> None:
+    """Descriptors sent with frames (SCM_RIGHTS) come out with the frame each was sent with, though the reader's
+    chunks cut across frames; what nobody took is closed."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pipes = [os.pipe() for _ in range(3)]
+    try:
+        frames = [encode({"n": 0}, [b"x" * 70_000], fds=1), encode({"n": 1}), encode({"n": 2}, fds=2)]
+        socket.send_fds(ours, [frames[0]], [pipes[0][1]])
+        ours.sendall(frames[1])
+        socket.send_fds(ours, [frames[2]], [pipes[1][1], pipes[2][1]])
+        buffer, got = FrameBuffer(), []
+        while len(got) < 3:
+            data, fds = recv_chunk(theirs, 4096)  # small chunks: a frame's bytes and its descriptors arrive apart
+            buffer.feed(data, fds)
+            while (frame := buffer.next_frame()) is not None:
+                got.append(frame)
+        assert [(h["n"], [len(b) for b in blobs], len(fds)) for h, blobs, fds in got] == [
+            (0, [70_000], 1), (1, [], 0), (2, [], 2)
+        ]
+        received = [fd for _, _, fds in got for fd in fds]
+        for fd, (read_end, _) in zip(received, pipes, strict=True):  # each one is the pipe it was sent as
+            os.write(fd, b"!")
+            assert os.read(read_end, 1) == b"!"
+            os.close(fd)
+        spare = os.dup(pipes[0][0])
+        buffer.feed(b"", [spare])
+        buffer.close()  # a descriptor no frame took is closed
+        with pytest.raises(OSError):
+            os.fstat(spare)
+    finally:
+        ours.close()
+        theirs.close()
+        for read_end, write_end in pipes:
+            os.close(read_end)
+            os.close(write_end)
+
+
+def test_a_frame_that_claims_more_descriptors_than_came_is_refused() -> None:
+    buffer = FrameBuffer()
+    buffer.feed(encode({"n": 0}, fds=1), [])
+    with pytest.raises(ProtocolError, match="carries 1 file descriptors, 0 came"):
+        buffer.next_frame()

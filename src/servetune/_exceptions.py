@@ -15,6 +15,8 @@ ServetuneError
  │    ├── WorkerLoadError      it could not load its model (the message is the handler's own)
  │    ├── WorkerDied           it exited, or its connection broke, while it was needed
  │    ├── WorkerTimeout        it did not answer in time
+ │    ├── ParentUnavailable    a model's parent process cannot fork its workers (gone, or a fork would be unsound:
+ │    │                        ``hazard``); the worker is spawned instead
  │    └── ProtocolError        (servetune.server.protocol) a peer sent something that is not a frame or a message
  ├── QueueFull            (servetune.server.batcher) a model's job queue is at capacity (internal: the model answers
  │                        ``ApiError.queue_full``)
@@ -188,6 +190,14 @@ class WorkerDied(WorkerError):
 
 class WorkerTimeout(WorkerError):
     """The worker did not answer within the allowed time."""
+
+
+class ParentUnavailable(WorkerError):
+    """A model's parent process cannot fork a worker: it died, or (``hazard``) forking it would not be sound."""
+
+    def __init__(self, message: str, *, hazard: bool = False) -> None:
+        super().__init__(message)
+        self.hazard = hazard
 
 
 class BenchError(ServetuneError):

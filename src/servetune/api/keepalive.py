@@ -15,7 +15,8 @@ A.1.2 (HTTP/1.0 keep-alive):
 Pass a protocol class to uvicorn: ``uvicorn.Config(app, http=KeepAliveHttpToolsProtocol)`` (or its import string,
 ``"servetune.api.keepalive:KeepAliveHttpToolsProtocol"``); ``KeepAliveH11Protocol`` likewise for ``http="h11"``.
 They subclass uvicorn's own protocols and change only what HTTP/1.0 needs; HTTP/1.1 requests pay one dict
-lookup (httptools) or one type check per event (h11).
+lookup (httptools) or one type check per event (h11). The httptools protocol also writes each response's head with
+its body, in one write (``servetune.api.onewrite``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from uvicorn._types import ASGISendEvent, HTTPResponseStartEvent
 from uvicorn.config import Config
 from uvicorn.protocols.http import h11_impl, httptools_impl
 from uvicorn.server import ServerState
+
+from servetune.api.onewrite import OneWriteCycle
 
 _NO_BODY_STATUS = (204, 304)
 # The scope key of a callable that says whether the client has gone (the connection closed): set by
@@ -50,7 +53,7 @@ def wants_keep_alive(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return b"keep-alive" in tokens and b"close" not in tokens
 
 
-class _Http10Cycle(httptools_impl.RequestResponseCycle):
+class _Http10Cycle(OneWriteCycle):
     """uvicorn's request/response cycle for an HTTP/1.0 request (httptools).
 
     uvicorn would frame a response without ``Content-Length`` with chunked encoding, which HTTP/1.0 clients do not
@@ -101,6 +104,7 @@ class KeepAliveHttpToolsProtocol(httptools_impl.HttpToolsProtocol):
         # The API layer reads this instead of watching ``receive()`` with a task per request.
         self.scope[CLIENT_GONE_KEY] = lambda: cycle.disconnected  # type: ignore[literal-required]
         if self.scope["http_version"] != "1.0":
+            cycle.__class__ = OneWriteCycle  # a response's head and body in one write (servetune.api.onewrite)
             return
         # The cycle's task is scheduled but has not run yet: its send() is looked up on the class when it does.
         cycle.__class__ = _Http10Cycle

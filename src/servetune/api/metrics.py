@@ -77,7 +77,8 @@ class WorkerMemoryGauges:
     """``servetune_worker_rss_bytes`` and ``servetune_worker_pss_bytes`` per worker process, read when scraped from
     ``workers()``: (model name, version, worker id, RSS, PSS or None). PSS splits each shared page among the
     processes mapping it (the weights workers of one model share, torch's libraries), so the PSS of all workers
-    adds up to what they really cost; RSS counts shared pages in full for each."""
+    adds up to what they really cost; RSS counts shared pages in full for each. A model whose workers are forked from
+    a parent process has a row for that process too, worker id ``parent``."""
 
     def __init__(self, workers: Callable[[], list[tuple[str, str, str, int, int | None]]]) -> None:
         self._workers = workers

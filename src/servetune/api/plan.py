@@ -59,6 +59,7 @@ class VersionPlan:
     loaded_at_startup: bool = False
     default_threads: int = 0  # the server's threads per worker when the model names none (0: automatic share)
     default_pinning: bool = False  # the server's cpuPinning default (cpu_launcher_enable)
+    default_preload: str = "auto"  # the server's workerPreload default (worker_preload)
     limit_max_image_pixels: bool = True
     decode_input_request: bool = True
     service_envelope: str | None = None  # TorchServe's service_envelope: requests on its own routes
@@ -80,6 +81,12 @@ class VersionPlan:
     @property
     def cpu_pinning(self) -> bool:
         return self.default_pinning if self.config.cpu_pinning is None else self.config.cpu_pinning
+
+    @property
+    def worker_preload(self) -> str:
+        """How the workers start: ``auto``, ``model``, ``imports`` or ``off`` (model-config.yaml's ``workerPreload``,
+        else the server's ``worker_preload``)."""
+        return self.config.worker_preload or self.default_preload
 
     @property
     def gpu(self) -> bool:
@@ -205,6 +212,7 @@ def plan_version(
         loaded_at_startup=params.loaded_at_startup,
         default_threads=config.default_threads,
         default_pinning=config.cpu_launcher_enable,
+        default_preload=config.worker_preload,
         limit_max_image_pixels=config.limit_max_image_pixels,
         decode_input_request=config.decode_input_request,
         service_envelope=config.service_envelope,

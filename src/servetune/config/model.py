@@ -20,6 +20,10 @@ DEFAULT_BATCH_SIZE = 1
 DEFAULT_MAX_BATCH_DELAY_MS = 100
 LIMIT = 1_000_000  # the largest batch size, delay, timeout, queue or thread count, from any source
 JAVA_INT_MAX = 2**31 - 1  # TorchServe reads every integer setting into a Java int
+# How a model's workers start (docs/server.md "Workers"): forked from a parent that loaded the model once (``model``,
+# where it is safe; ``auto`` does so for models whose code uses torch), from one that only imported the handler's
+# modules (``imports``), or each as a fresh interpreter (``off``).
+WORKER_PRELOAD = ("auto", "model", "imports", "off")
 
 # model-config.yaml key -> (ModelConfig field, minimum, maximum); a maximum of None: the server's max_workers_per_model.
 # The minimums are the management API's for the same setting (startup_timeout=0 is accepted there, as in TorchServe).
@@ -66,6 +70,7 @@ class ModelConfig:
     num_threads: int = 0  # intra-op threads per worker; 0: the physical cores shared by every worker
     inter_op_threads: int = 0  # 0: torch's default; set when a worker starts
     cpu_pinning: bool | None = None  # each worker on its own cores (os.sched_setaffinity); None: the server default
+    worker_preload: str | None = None  # one of WORKER_PRELOAD; None: the server default (``worker_preload``)
     client_timeout_ms: int = 0
     handler_config: Mapping[str, Any] = field(default_factory=dict)  # the whole YAML, as the handler sees it
 
@@ -91,6 +96,12 @@ class ModelConfig:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{source}: cpuPinning={value!r}: expected true or false")
                 changes["cpu_pinning"] = value
+            elif key == "workerPreload":
+                if value not in WORKER_PRELOAD:
+                    raise ConfigError(
+                        f"{source}: workerPreload={shown(repr(value))}: expected one of {', '.join(WORKER_PRELOAD)}"
+                    )
+                changes["worker_preload"] = value
             elif key == "deviceIds":
                 if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
                     raise ConfigError(f"{source}: deviceIds={value!r}: expected a list of GPU indices")
@@ -125,6 +136,6 @@ class ModelConfig:
 def models_json_entry(entry: Mapping[str, Any], *, source: str, max_workers: int = LIMIT) -> ModelConfig:
     """Read one version entry of config.properties' ``models=`` JSON (same camelCase keys and bounds as the YAML)."""
     # ``controller`` (the online controller's settings, servetune's) travels on as the YAML's section does
-    extra = ("deviceType", "deviceIds", "cpuPinning", "controller")
+    extra = ("deviceType", "deviceIds", "cpuPinning", "workerPreload", "controller")
     known = {k: v for k, v in entry.items() if k in _YAML_KEYS or k in extra}
     return ModelConfig().merged(known, source=source, max_workers=max_workers)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune._exceptions import ConfigError
+from servetune.config.model import WORKER_PRELOAD
 from servetune.config.properties import read_properties
 from servetune.tensor_limits import TensorLimits
 
@@ -146,6 +147,7 @@ class ServerConfig:
     shutdown_grace_period: float = 30.0
     cpu_launcher_enable: bool = False  # TorchServe's key: every model's workers pinned to cores of their own
     cpu_launcher_args: str = ""  # TorchServe's launcher flags; servetune maps --ncores_per_instance, see below
+    worker_preload: str = "auto"  # how workers start, unless model-config.yaml says (``workerPreload``): WORKER_PRELOAD
     # TorchServe's gRPC APIs (and the Open Inference Protocol's, on the inference port): a host, not a URL
     grpc_inference_address: str = "127.0.0.1"
     grpc_management_address: str = "127.0.0.1"
@@ -228,6 +230,10 @@ class ServerConfig:
                 if value.strip() not in SERVICE_ENVELOPES + ("",):
                     raise ConfigError(f"{key}={value!r}: expected one of {', '.join(SERVICE_ENVELOPES)}")
                 values[key] = value.strip() or None
+            elif key == "worker_preload":
+                if value.strip() not in WORKER_PRELOAD:
+                    raise ConfigError(f"{key}={value!r}: expected one of {', '.join(WORKER_PRELOAD)}")
+                values[key] = value.strip()
             elif key == "cors_allowed_origin":
                 values[key] = value
             elif key == "cpu_launcher_args":

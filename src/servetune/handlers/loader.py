@@ -9,6 +9,7 @@ or, failing that, the module's one class, instantiated, with ``initialize(contex
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import sys
@@ -21,7 +22,7 @@ from servetune._exceptions import HandlerError
 from servetune.handlers.context import Context
 from servetune.handlers.util import list_classes_from_module
 
-__all__ = ["BUILTIN_HANDLERS", "EntryPoint", "resolve_entry_point"]
+__all__ = ["BUILTIN_HANDLERS", "EntryPoint", "heavy_imports", "resolve_entry_point"]
 
 EntryPoint = Callable[[Any, Context], Any]
 
@@ -106,3 +107,56 @@ def resolve_entry_point(module: ModuleType, function_name: str | None) -> tuple[
         if not callable(getattr(service, method, None)):
             raise HandlerError(f"handler class {classes[0].__name__} has no {method}(...) method")
     return service.handle, service.initialize
+
+
+#: packages whose import costs a worker hundreds of MB and a second or more (torch's own ~290 MB of private memory
+#: with torch 2.14): a model whose code imports one is worth loading once in a parent that forks its workers
+HEAVY_PACKAGES = frozenset(
+    {"torch", "torchvision", "torchaudio", "torchtext", "ts", "transformers", "diffusers", "sentence_transformers"}
+    | {"tensorflow", "keras", "jax", "onnxruntime", "tensorrt", "vllm", "timm", "ultralytics"}
+)
+_SCAN_FILES = 200  # an archive's Python files read to decide, at most
+_SCAN_BYTES = 1 << 20  # per file
+
+
+def heavy_imports(manifest: dict[str, Any], model_dir: Path) -> str | None:
+    """Why the model's code is heavy to import (a sentence), or None: a built-in handler (they all use torch), a
+    model file or serialized weights in the manifest, or a Python file of the model directory that imports one of
+    :data:`HEAVY_PACKAGES` anywhere in it (inside a function too: ``initialize`` runs in the loading parent). Read from
+    the files, nothing imported; a handler that reaches torch only through a module outside the archive is missed
+    (its workers then start as fresh interpreters, as without a parent)."""
+    info = manifest.get("model") or {}
+    handler = str(info.get("handler") or "").partition(":")[0].strip().removesuffix(".py")
+    stem = handler.replace("\\", "/").rsplit("/", 1)[-1]
+    own = (model_dir / f"{stem}.py").is_file() or (model_dir / stem / "__init__.py").is_file()
+    if stem in BUILTIN_HANDLERS and not own:
+        return f"the built-in handler {stem} uses torch"
+    for key in ("serializedFile", "modelFile"):
+        if info.get(key):
+            return f"the manifest names a {key} ({info[key]})"
+    files = sorted(p for p in model_dir.rglob("*.py") if ".servetune-variants" not in p.parts)[:_SCAN_FILES]
+    for path in files:
+        found = _imported_heavy(path)
+        if found:
+            return f"{path.relative_to(model_dir)} imports {found}"
+    return None
+
+
+def _imported_heavy(path: Path) -> str | None:
+    try:
+        if path.stat().st_size > _SCAN_BYTES:
+            return None
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in HEAVY_PACKAGES:
+                return name
+    return None

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,8 @@ class Dimension:
         return f"{self.name}:{self.value}"
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
+    # a tuple: one is made per batch (PredictionTime) on the worker's hot path, and a frozen dataclass costs more
     value: float
     dimension_values: tuple[str, ...]
     request_id: str
@@ -90,6 +90,14 @@ class MetricsCache:
         self.model_name = model_name
         self.request_ids: dict[int, str] | str | None = None
         self.cache: dict[tuple[MetricTypes, str], Metric] = {}
+        # the dimensions a metric gets when the caller names none, with a request id (True) or without: made once
+        self._defaults = {
+            has_request: (
+                [d.name for d in self._dimensions("" if has_request else None, None)],
+                tuple(d.value for d in self._dimensions("" if has_request else None, None)),
+            )
+            for has_request in (True, False)
+        }
 
     def set_request_ids(self, request_ids: dict[int, str] | str | None) -> None:
         self.request_ids = request_ids
@@ -138,8 +146,15 @@ class MetricsCache:
         metric_type: MetricTypes = MetricTypes.COUNTER,
     ) -> None:
         request_id = self._request_id(idx)
-        dims = self._dimensions(request_id, dimensions)
         metric = self.cache.get((metric_type, name))
+        if dimensions is None:  # the common case (the PredictionTime of every batch): no Dimension objects made
+            names, values = self._defaults[request_id is not None]
+            if metric is None:
+                metric = self.add_metric_to_cache(name, unit, names, metric_type)
+            if metric.dimension_names == names and (value >= 0 or metric.metric_type is not MetricTypes.COUNTER):
+                metric.samples.append(Sample(float(value), values, request_id or "", time.time()))
+                return
+        dims = self._dimensions(request_id, dimensions)
         if metric is None:
             metric = self.add_metric_to_cache(name, unit, [d.name for d in dims], metric_type)
         metric.add_or_update(value, [d.value for d in dims], request_id or "")

@@ -18,6 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import servetune
@@ -32,7 +33,7 @@ from servetune.handlers.metrics import MetricsCache
 from servetune.handlers.util import BadInputError, PredictionException
 from servetune.tensor_limits import TensorLimits
 
-__all__ = ["InputParam", "Request", "Response", "Service", "load_service"]
+__all__ = ["InputParam", "Request", "Response", "Service", "import_handler", "load_service"]
 
 logger = logging.getLogger(__name__)
 
@@ -221,15 +222,8 @@ def load_service(
 
     Raises ``HandlerError`` carrying the handler's own error message and a traceback summary.
     """
-    install_ts_alias()
-    model_dir = Path(model_dir)
-    handler = str((manifest.get("model") or {}).get("handler") or "").strip()
-    if not handler:
-        raise HandlerError(f"model {model_name!r}: the manifest names no handler (model.handler)")
-    directory = str(model_dir.resolve())
-    if directory in sys.path:
-        sys.path.remove(directory)
-    sys.path.insert(0, directory)
+    module, function_name, directory = import_handler(model_dir=model_dir, manifest=manifest, model_name=model_name)
+    handler = _handler_name(manifest)
     context = Context(
         model_name,
         directory,
@@ -244,8 +238,6 @@ def load_service(
     if tensor_limits is not None:
         context.tensor_limits = tensor_limits
     try:
-        forget_shadowed_modules(model_dir)
-        module, function_name = import_handler_module(handler, model_dir)
         entry_point, initialize = resolve_entry_point(module, function_name)
         initialize(context)
         _check_optimization_applied(context, handler)
@@ -271,6 +263,36 @@ def _check_optimization_applied(context: Context, handler: str) -> None:
             "or a class of its own) never runs. Build the handler on BaseHandler (or have it call BaseHandler's "
             "initialize), or remove the key (docs/optimize.md)"
         )
+
+
+def _handler_name(manifest: dict[str, Any]) -> str:
+    return str((manifest.get("model") or {}).get("handler") or "").strip()
+
+
+def import_handler(*, model_dir: Path, manifest: dict[str, Any], model_name: str) -> tuple[ModuleType, str | None, str]:
+    """Import the handler's module, as ``load_service`` does before it initialises the handler: the model directory
+    first on ``sys.path``, the ``ts`` alias installed. Returns the module, the entry point's function name (``None``:
+    the module's ``handle`` or its one class) and the model directory as put on the path. Raises ``HandlerError``.
+
+    A model-loading parent process calls it alone, so that the workers it forks find the handler's imports (torch)
+    done; importing again is then a lookup in ``sys.modules``."""
+    install_ts_alias()
+    model_dir = Path(model_dir)
+    handler = _handler_name(manifest)
+    if not handler:
+        raise HandlerError(f"model {model_name!r}: the manifest names no handler (model.handler)")
+    directory = str(model_dir.resolve())
+    if directory in sys.path:
+        sys.path.remove(directory)
+    sys.path.insert(0, directory)
+    try:
+        forget_shadowed_modules(model_dir)
+        module, function_name = import_handler_module(handler, model_dir)
+    except HandlerError:
+        raise
+    except Exception as exc:
+        raise HandlerError(f"model {model_name!r}: handler {handler!r} failed to load: {_summary(exc)}") from exc
+    return module, function_name, directory
 
 
 def _summary(exc: BaseException, frames: int = 6) -> str:

@@ -17,11 +17,11 @@ import importlib.machinery
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from servetune.handlers.service import Service, load_service
+from servetune.handlers.service import Service, import_handler, load_service
 from servetune.tensor_limits import TensorLimits
 
 
@@ -145,12 +145,31 @@ def when_imported(name: str, callback: Callable[[Any], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
-def start_service(spec: WorkerSpec) -> Service:
-    """Apply the CPU settings, then import and initialise the handler (raises as ``load_service`` does); torch's
-    threads are set when something imports torch."""
+def prepare_cpu(spec: WorkerSpec) -> None:
+    """This process's CPU settings from ``spec``: its cores and threads now, torch's threads now if torch is loaded
+    (a worker forked from a parent that imported it), else the moment something imports it."""
     _wanted["inter_op_threads"] = spec.inter_op_threads
     apply_cpu(spec.num_threads, spec.cpu_cores)
     when_imported("torch", _apply_threads)
+
+
+def preload(spec: WorkerSpec, level: str) -> Service | None:
+    """What a model-loading parent process does before it forks workers: ``"imports"``: import the handler's module
+    (and so torch, where it does); ``"model"``: load the whole model (``start_service``), which the forked workers then
+    serve without loading it again. Runs with one thread: the parent must not start torch's thread pools (a forked
+    child gets none of the threads, only their state); each worker sets its own threads after the fork."""
+    parent = replace(spec, num_threads=1, inter_op_threads=0, cpu_cores=(), gpu_id=None)
+    if level == "model":
+        return start_service(parent)
+    prepare_cpu(parent)
+    import_handler(model_dir=Path(spec.model_dir), manifest=spec.manifest, model_name=spec.model_name)
+    return None
+
+
+def start_service(spec: WorkerSpec) -> Service:
+    """Apply the CPU settings, then import and initialise the handler (raises as ``load_service`` does); torch's
+    threads are set when something imports torch."""
+    prepare_cpu(spec)
     return load_service(
         model_dir=Path(spec.model_dir),
         manifest=spec.manifest,
@@ -167,4 +186,13 @@ def start_service(spec: WorkerSpec) -> Service:
 
 _PROCESS_CPUS: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
 
-__all__ = ["CpuSettings", "WorkerSpec", "apply_cpu", "cpu_settings", "start_service", "when_imported"]
+__all__ = [
+    "CpuSettings",
+    "WorkerSpec",
+    "apply_cpu",
+    "cpu_settings",
+    "prepare_cpu",
+    "preload",
+    "start_service",
+    "when_imported",
+]

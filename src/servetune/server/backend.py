@@ -49,12 +49,17 @@ class NativeBackend:
         self._extracted: dict[str, Path] = {}  # model dir -> the extraction directory to delete with it
 
     def _worker_memory(self) -> list[tuple[str, str, str, int, int | None]]:
-        return [
+        rows = [
             (m.name, m.version, w.id, w.memory_bytes, w.pss_bytes)
             for m in self.registry.all()
             for w in m.pool.statuses()
             if w.pid > 0
         ]
+        for m in self.registry.all():
+            for name, parent in m.pool.forking.parents():
+                rss, pss = parent.memory()
+                rows.append((m.name, m.version, name, rss, pss))
+        return rows
 
     def open(self) -> None:
         """Nothing to connect to: workers start when models scale."""

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from servetune._exceptions import ApiError, WorkerDied, WorkerError, WorkerTimeout
+from servetune._exceptions import ApiError, ParentUnavailable, WorkerDied, WorkerError, WorkerTimeout
 from servetune.api.types import InferResult, WorkerStatus
 from servetune.server.batcher import Job
 from servetune.server.messages import Partial, Predict
+from servetune.server.parent import Forking
 from servetune.server.process import WorkerProcess
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class WorkerPool:
         self._next_slot = 0
         self._lock = asyncio.Lock()
         self._starting: set[WorkerProcess] = set()  # workers loading their model (killed by ``close``)
+        self.forking = Forking(model.name, model.plan.worker_preload, model.model_dir, model.plan.manifest)
         self.closed = False
 
     # ---- state -------------------------------------------------------------------------------
@@ -196,14 +198,21 @@ class WorkerPool:
             num_threads=threads,
             cpu_cores=placement.cores(key, self.position(slot)),
         )
-        worker = WorkerProcess(slot.worker_id, spec, placement.environment(threads))
+        env, timeout = placement.environment(threads), float(model.plan.startup_timeout_s)
         slot.status = "STARTING"
-        self._starting.add(worker)
-        try:
-            await worker.start(float(model.plan.startup_timeout_s))
-        finally:
-            self._starting.discard(worker)
-        return worker
+        parent = await self.forking.parent_for(spec, env, timeout)
+        while True:
+            self._check_open()
+            worker = WorkerProcess(slot.worker_id, spec, env, parent)
+            self._starting.add(worker)
+            try:
+                await worker.start(timeout)
+                return worker
+            except ParentUnavailable as exc:  # raised before any process existed: spawn this one instead
+                await self.forking.lost(parent, exc)
+                parent = None
+            finally:
+                self._starting.discard(worker)
 
     async def _slot_loop(self, slot: WorkerSlot, first: WorkerProcess | None) -> None:
         """Run batches on this slot's worker; on a crash, restart with backoff until retired."""
@@ -324,6 +333,8 @@ class WorkerPool:
                 # finishes its batch before it stops.
                 victims = sorted(active, key=lambda s: (s.busy, -s.slot_id))[: len(active) - workers]
                 await asyncio.gather(*(self._retire(s) for s in victims))
+            if not self.active:
+                await self.forking.close()  # no worker left: the parent's memory goes too; the next scale starts one
 
     async def restart(self) -> None:
         """Replace every worker, one at a time, so that the model keeps serving (settings read at start changed)."""
@@ -390,6 +401,7 @@ class WorkerPool:
         for worker in list(self._starting):
             worker.kill()  # its start fails at once; the scale that waits for it finds the pool closed
         await asyncio.gather(*(self._retire(s) for s in list(self._slots)))
+        await self.forking.close(final=True)
 
     # ---- describe ----------------------------------------------------------------------------
 

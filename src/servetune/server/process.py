@@ -1,13 +1,10 @@
-"""One worker process as the frontend sees it: spawn, wait for ready, run a batch, notice death at once.
+"""One worker process as the frontend sees it: start, wait for ready, run a batch, notice death at once.
 
-A worker is a fresh interpreter started with ``subprocess.Popen`` (vfork + exec on Linux: between the two the child
-runs only the C code that sets up its file descriptors, and no fork handler of any library). Not asyncio's
-``create_subprocess_exec``: under uvloop that is libuv's ``uv_spawn``, a real ``fork()`` of the frontend, which runs
-gRPC's and Python's fork handlers in a copy of a process whose gRPC threads were busy — the child then crashed
-(SIGSEGV or SIGABRT in gRPC's ``event_engine``) before it could exec: 7 of 200 worker starts beside busy gRPC servers
-(``benchmarks/grpc_scaling.py``).
-Its exit is watched through a pidfd (a thread where there is none). Its :class:`WorkerSpec` goes over the socket as
-the first frame (:class:`Load`), never on its command line, which has a size limit.
+A worker is started one of two ways, never by forking the frontend (``servetune.server.spawn`` says why): spawned, a
+fresh interpreter (``python -m servetune.server.worker FD``), or forked by its model's parent process
+(``servetune.server.parent``), which already imported torch, or loaded the model. Either way its :class:`WorkerSpec`
+goes over its socket as the first frame (:class:`Load`), never on a command line, which has a size limit, and its
+exit is watched through a pidfd (a thread where there is none).
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,28 +23,79 @@ from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.hardware import process_memory
 from servetune.server.messages import Load, LoadError, Message, Partial, Predict, Ready, Result, decode_message
+from servetune.server.parent import ModelParent
 from servetune.server.protocol import ProtocolError, read_frame
+from servetune.server.spawn import describe_exit, spawn, watch_exit
 from servetune.startup import log as startup_log
 
+EXIT_REPORT_S = 2.0  # how long a forked worker's exit code may take to come from its parent
 
-def spawn_worker(fd: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``python -m servetune.server.worker FD``, inheriting ``fd`` (its end of the socket pair) and no other file."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "servetune.server.worker", str(fd)],
-        pass_fds=(fd,),
-        env=env,
-        stdin=subprocess.DEVNULL,
-        close_fds=True,
-    )
+
+class _Spawned:
+    """A worker the frontend spawned: its child, reaped by it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    @property
+    def gone(self) -> bool:
+        return self.proc.returncode is not None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    def watch(self, loop: asyncio.AbstractEventLoop, reaped: Callable[[], None], name: str) -> None:
+        watch_exit(loop, self.proc, reaped, name)
+
+
+class _Forked:
+    """A worker forked by its model's parent: the parent reaps it and reports its exit code; the frontend holds a
+    pidfd of it (from the parent), to signal it and to see it exit, so a reused pid is never hit."""
+
+    def __init__(self, pid: int, pidfd: int, parent: ModelParent) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.gone = False
+        self._pidfd = pidfd
+        self._parent = parent
+        self._task: asyncio.Task[None] | None = None  # waits for the parent's report of its exit code
+
+    def kill(self) -> None:
+        if not self.gone:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def watch(self, loop: asyncio.AbstractEventLoop, reaped: Callable[[], None], name: str) -> None:
+        async def exited() -> None:
+            self.returncode = await self._parent.exit_code(self.pid, EXIT_REPORT_S)
+            reaped()
+
+        def readable() -> None:  # the process exited (the parent may not have reaped it yet)
+            loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self.gone = True
+            self._task = loop.create_task(exited(), name=f"{name}-exit")
+
+        loop.add_reader(self._pidfd, readable)
 
 
 class WorkerProcess:
-    """A spawned worker. One batch at a time; the caller serialises ``run`` calls."""
+    """A worker process. One batch at a time; the caller serialises ``run`` calls."""
 
-    def __init__(self, worker_id: str, spec: WorkerSpec, env: dict[str, str]) -> None:
+    def __init__(
+        self, worker_id: str, spec: WorkerSpec, env: dict[str, str], parent: ModelParent | None = None
+    ) -> None:
         self.worker_id = worker_id
         self.spec = spec
         self.env = env
+        self.parent = parent  # None: spawned; else forked by this parent
         self.pid: int | None = None
         self.start_time = time.time()
         self.gpu_id: int | None = spec.gpu_id
@@ -58,8 +104,8 @@ class WorkerProcess:
         self.cpu: CpuSettings | None = None  # as the worker last reported them
         self.metadata: dict[str, Any] | None = None  # the handler's OIP metadata, as the worker reported it loaded
         self.on_exit: Callable[[], None] | None = None  # called once the process is gone (its socket closed)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reaped = asyncio.Event()  # the process has exited and was reaped (its returncode is set)
+        self._proc: _Spawned | _Forked | None = None
+        self._reaped = asyncio.Event()  # the process has exited and its exit code is known (or never will be)
         self._writer: asyncio.StreamWriter | None = None
         self._pending: asyncio.Future[Message] | None = None
         self._ready: asyncio.Future[Message] | None = None
@@ -69,22 +115,29 @@ class WorkerProcess:
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None and not self.exited.is_set()
+        return self._proc is not None and not self._proc.gone and not self.exited.is_set()
+
+    async def _launch(self, child: socket.socket) -> _Spawned | _Forked:
+        if self.parent is None:
+            return _Spawned(spawn("servetune.server.worker", child.fileno(), self.env))
+        pid, pidfd = await self.parent.fork(child)
+        return _Forked(pid, pidfd, self.parent)
 
     async def start(self, timeout: float) -> None:
-        """Spawn the process and wait until its model is loaded."""
+        """Spawn (or fork) the process and wait until its model is loaded. Raises ParentUnavailable, before any
+        process exists, when its parent cannot fork it."""
         loop = asyncio.get_running_loop()
         spawned = time.perf_counter()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = spawn_worker(child.fileno(), self.env)
+            self._proc = await self._launch(child)
         except BaseException:
             parent.close()
             raise
         finally:
             child.close()
         self.pid = self._proc.pid
-        self._watch_exit(loop, self._proc)
+        self._proc.watch(loop, self._reaped.set, f"worker-{self.worker_id}")
         try:
             message = await self._load(loop, parent, timeout)
         except BaseException:
@@ -100,6 +153,19 @@ class WorkerProcess:
         self.cpu = message.cpu
         self.metadata = message.metadata
         total = (time.perf_counter() - spawned) * 1000.0
+        if self.parent is not None:
+            startup_log.debug(
+                "start-up: model %s worker %s (pid %s) ready %.0f ms after its fork request (forked from the model's "
+                "parent, pid %s: %s), its own load %.0f ms",
+                self.spec.model_name,
+                self.worker_id,
+                self.pid,
+                total,
+                self.parent.pid,
+                "the model loaded" if self.parent.level == "model" else "the handler's modules imported",
+                message.load_ms,
+            )
+            return
         startup_log.debug(
             "start-up: model %s worker %s (pid %s) ready %.0f ms after spawn: interpreter %.0f ms, servetune imports "
             "%.0f ms, handler import and model load %.0f ms, the rest (spawn, messages) %.0f ms",
@@ -157,7 +223,7 @@ class WorkerProcess:
                 self.on_exit()
             if self._writer is not None:
                 self._writer.close()
-            if self._proc is not None and self._proc.returncode is None:
+            if self._proc is not None and not self._proc.gone:
                 # The socket closed: the process is gone or going; reap it without blocking the loop.
                 self.kill()
                 await self._reaped.wait()
@@ -191,34 +257,9 @@ class WorkerProcess:
         if not pending.done():
             pending.set_exception(WorkerTimeout(f"worker {self.worker_id} took longer than {timeout:g} s"))
 
-    def _watch_exit(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes]) -> None:
-        """Set ``_reaped`` once the process exits: its pidfd turns readable (Linux 5.3+), else a thread waits."""
-
-        def reaped() -> None:
-            proc.poll()
-            self._reaped.set()
-
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except (AttributeError, OSError):  # not Linux, or an old kernel
-            threading.Thread(
-                target=lambda: (proc.wait(), loop.call_soon_threadsafe(reaped)),
-                name=f"worker-{self.worker_id}-wait",
-                daemon=True,
-            ).start()
-            return
-
-        def readable() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            reaped()
-
-        loop.add_reader(pidfd, readable)
-
     def kill(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+        if self._proc is not None:
+            self._proc.kill()
 
     async def wait_reaped(self, timeout: float) -> None:
         """Wait until the process is gone and its exit code known (at most ``timeout`` seconds)."""
@@ -226,15 +267,13 @@ class WorkerProcess:
             await asyncio.wait_for(self._reaped.wait(), timeout)
 
     def exit_description(self) -> str:
-        """``exit code 3``, ``killed by SIGSEGV``, or ``still running``."""
-        code = self._proc.returncode if self._proc is not None else None
-        if code is None:
+        """``exit code 3``, ``killed by SIGSEGV``, ``still running``, or that its exit code is not known (a forked
+        worker whose parent died before it)."""
+        if self._proc is None or not self._proc.gone:
             return "still running"
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"killed by {signal.Signals(-code).name}"
-            return f"killed by signal {-code}"
-        return f"exit code {code}"
+        if self._proc.returncode is None:
+            return "exit code not known (its parent process is gone)"
+        return describe_exit(self._proc.returncode)
 
     async def wait_exit(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -244,7 +283,7 @@ class WorkerProcess:
         """Close the socket (the worker exits on EOF), then kill it if it lingers."""
         if self._writer is not None:
             self._writer.close()
-        if self._proc is not None and self._proc.returncode is None:
+        if self._proc is not None and not self._reaped.is_set():
             try:
                 await asyncio.wait_for(self._reaped.wait(), grace)
             except TimeoutError:

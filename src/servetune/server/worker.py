@@ -1,15 +1,18 @@
 """The worker process: loads one model with its handler, then runs batches sent by the frontend.
 
 Started by the frontend as ``python -m servetune.server.worker FD`` (a fresh interpreter, like multiprocessing's
-spawn), with one end of a socket pair inherited as file descriptor FD; the first frame on it is a ``Load`` (the
-``servetune.handlers.spec.WorkerSpec``: over the socket, as a spec may be larger than a command line can be). It
-exits when the frontend closes the socket or dies.
+spawn), with one end of a socket pair inherited as file descriptor FD, or forked by its model's parent process
+(``servetune.server.forkserver``, which calls :func:`forked_main`), with the model's imports, or the whole model,
+already loaded. Either way the first frame on the socket is a ``Load`` (the ``servetune.handlers.spec.WorkerSpec``:
+over the socket, as a spec may be larger than a command line can be). It exits when the frontend closes the socket or
+dies.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import socket
 import sys
@@ -18,9 +21,9 @@ import time
 import traceback
 
 from servetune.handlers.service import Request, Service
-from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, start_service
+from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, prepare_cpu, start_service
 from servetune.server.messages import Answer, Load, LoadError, Partial, Predict, Ready, Result, decode_message
-from servetune.server.protocol import ProtocolError, recv_frame
+from servetune.server.protocol import ProtocolError, SocketFrames
 from servetune.startup import CLOCK
 
 
@@ -44,7 +47,7 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
+def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: WorkerSpec) -> None:
     applied = (spec.num_threads, spec.cpu_cores)
     cpu = cpu_settings()
     sending = threading.Lock()  # a handler may send intermediate answers from threads of its own
@@ -59,7 +62,7 @@ def _serve(sock: socket.socket, service: Service, spec: WorkerSpec) -> None:
     service.context.partial_sink = partial
     while True:
         try:
-            message = decode_message(*recv_frame(sock))
+            message = decode_message(*frames.next())
         except EOFError:
             return
         if not isinstance(message, Predict):
@@ -86,18 +89,33 @@ def _gpu_memory() -> int:
     return int(torch.cuda.max_memory_reserved())
 
 
-def main(argv: list[str]) -> int:
-    imports_ms = CLOCK.lap_ms()  # since servetune was first imported: the worker's imports
-    fd = int(argv[1])
-    _die_with_parent()
-    # The frontend owns shutdown: ignore Ctrl-C and SIGTERM sent to the whole process group (a terminal, systemd's
-    # control-group stop), so that in-flight batches finish while it drains; it stops a worker by closing the socket
-    # and kills one with SIGKILL, and a worker whose frontend is gone is killed by the kernel (PDEATHSIG).
+def _exit_with_frontend(frontend: int) -> None:
+    """A forked worker's parent is its model's parent process, not the frontend, so PDEATHSIG would fire when that
+    one dies (and the workers must outlive it). It watches the frontend itself: ``frontend`` is a pidfd of it, which
+    turns readable the moment the frontend exits, even by SIGKILL."""
+
+    def watch() -> None:
+        select.select([frontend], [], [])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="frontend-watchdog", daemon=True).start()
+
+
+def ignore_group_signals() -> None:
+    """The frontend owns shutdown: ignore Ctrl-C and SIGTERM sent to the whole process group (a terminal, systemd's
+    control-group stop), so that in-flight batches finish while it drains; it stops a worker by closing the socket and
+    kills one with SIGKILL, and a worker whose frontend is gone exits (PDEATHSIG, or a watch of the frontend)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sock = socket.socket(fileno=fd)
+
+
+def _run(
+    sock: socket.socket, preloaded: Service | None, interpreter_ms: float, imports_ms: float, *, forked: bool = False
+) -> int:
+    """Take the ``Load``, load the model (or adopt the one the parent loaded), answer ``Ready``, serve."""
+    frames = SocketFrames(sock)
     try:
-        frame = recv_frame(sock)
+        frame = frames.next()
     except EOFError:
         return 1  # the frontend gave up on this worker before it sent the spec
     start = time.perf_counter()
@@ -106,15 +124,42 @@ def main(argv: list[str]) -> int:
         if not isinstance(load, Load):
             raise ProtocolError(f"expected the Load message first, got {type(load).__name__}")
         spec = load.spec
-        service = start_service(spec)
+        if forked and spec.num_threads:  # the environment a spawned worker gets (the parent's said 1 thread)
+            os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(spec.num_threads)
+        if preloaded is None:
+            service = start_service(spec)
+        elif preloaded.context.model_name != spec.model_name:
+            raise ProtocolError(f"this worker holds model {preloaded.context.model_name}, not {spec.model_name}")
+        else:
+            prepare_cpu(spec)  # the parent ran with one thread: this worker's own threads and cores
+            service = preloaded
     except BaseException as exc:  # any load failure is reported to the frontend, verbatim
         sock.sendall(LoadError(f"{type(exc).__name__}: {exc}", traceback.format_exc()).encode())
         return 1
     load_ms = (time.perf_counter() - start) * 1000.0
-    ready = Ready(os.getpid(), load_ms, cpu_settings(), CLOCK.interpreter_ms, imports_ms, service.metadata)
+    ready = Ready(os.getpid(), load_ms, cpu_settings(), interpreter_ms, imports_ms, service.metadata)
     sock.sendall(ready.encode())
-    _serve(sock, service, spec)
+    _serve(sock, frames, service, spec)
     return 0
+
+
+def forked_main(fd: int, frontend: int, preloaded: Service | None) -> int:
+    """A worker forked by its model's parent (``servetune.server.forkserver``): ``fd`` its end of the socket pair,
+    ``frontend`` a pidfd of the frontend, ``preloaded`` the model when the parent loaded it (else the parent imported
+    the handler's modules only, and this worker loads the model as a spawned one does)."""
+    _exit_with_frontend(frontend)
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # its global generator was seeded in the parent: fresh entropy, as a new process
+        numpy_random.seed()
+    return _run(socket.socket(fileno=fd), preloaded, 0.0, 0.0, forked=True)
+
+
+def main(argv: list[str]) -> int:
+    imports_ms = CLOCK.lap_ms()  # since servetune was first imported: the worker's imports
+    fd = int(argv[1])
+    _die_with_parent()
+    ignore_group_signals()
+    return _run(socket.socket(fileno=fd), None, CLOCK.interpreter_ms, imports_ms)
 
 
 if __name__ == "__main__":
