@@ -26,6 +26,8 @@ from servetune.control.settings import ControlSettings, Knobs
 log = logging.getLogger("servetune.control")
 
 REASONS = ("full", "delay", "deadline", "solo")
+ERROR_DECAY = 0.98
+MARGIN_SHARE = 0.15
 
 
 class Actuator(Protocol):
@@ -73,6 +75,7 @@ class Controller:
         self.actual_ms_sum = 0.0
         self.predicted_batches = 0
         self.margin_ms = 0.0
+        self._err2 = 0.0  # the predictions' squared error, averaged over the last ~50 batches
         self.last_error = ""
         self._running_requests = 0  # requests in the batches running (Ray's ongoing requests, with the queue)
         self._cost: Cost | None = None
@@ -122,7 +125,8 @@ class Controller:
 
     async def tick(self) -> None:
         """Ask the policy, apply what it decided (workers on their own task: a worker takes seconds to start)."""
-        self.margin_ms = 2.0 * self.fit.spread_ms()
+        # the margin: twice the predictions' recent RMS error, at most MARGIN_SHARE of the target
+        self.margin_ms = min(2.0 * math.sqrt(self._err2), MARGIN_SHARE * self.settings.target_ms)
         self._refresh_cost()
         view = self.view()
         decision = self.policy.decide(view)
@@ -136,7 +140,9 @@ class Controller:
             self._cost = Cost(*found)
             return
         seen = self.fit.mean()
-        self._cost = Cost(0.0, seen[1] / seen[0]) if seen is not None else None
+        # b not told yet: admission takes a batch to cost what the batches seen cost, whatever its size (it sheds
+        # only what is late even so), and the policy leaves the knobs as registered
+        self._cost = Cost(seen[1], 0.0) if seen is not None else None
 
     def apply(self, view: View, decision: Decision) -> None:
         old, new = view.knobs, decision.knobs
@@ -197,7 +203,8 @@ class Controller:
         busy = [(start + predicted / 1000.0 - now) * 1000.0 for start, predicted in self.inflight.values()]
         queue = self.actuator.queue_length()
         wait_ms = completion_ms(cost, queue, knobs.batch_size, busy, knobs.workers, knobs.max_batch_delay_ms)
-        if now + wait_ms / 1000.0 <= limit:
+        # the answer must also cross the frontend and the network inside the deadline, and the prediction may err
+        if now + (wait_ms + self.margin_ms + SLACK_MS) / 1000.0 <= limit:
             return
         self.shed_count += 1
         retry = max(1, math.ceil(wait_ms / 1000.0))
@@ -240,6 +247,8 @@ class Controller:
             return
         self.fit.add(size, actual_ms)
         if not math.isnan(predicted_ms):
+            error = actual_ms - predicted_ms
+            self._err2 = ERROR_DECAY * self._err2 + (1.0 - ERROR_DECAY) * error * error
             self.predicted_batches += 1
             self.predicted_ms_sum += predicted_ms
             self.actual_ms_sum += actual_ms
@@ -274,6 +283,7 @@ class Controller:
                 "a_ms": round(found[0], 3) if found else None,
                 "b_ms": round(found[1], 3) if found else None,
                 "spread_ms": round(self.fit.spread_ms(), 3),
+                "margin_ms": round(self.margin_ms, 3),
                 "batches": self.fit.count,
             },
             "batches": dict(self.batches),

@@ -58,13 +58,14 @@ class _Sums:
 
 class ServiceFit:
     """A batch's time as a + b·n (milliseconds), fitted by least squares over the batches served, each older batch
-    weighing ``decay`` times less (0.97: the last ~30 batches count most), so that the fit follows a model whose cost
+    weighing ``decay`` times less (0.99: the last ~100 batches count most), so that the fit follows a model whose cost
     drifts (another model sharing the cores). Where the batches seen were all of one size, b is unknown: a larger
     batch is predicted to cost in proportion (pessimistic), a smaller one as much (pessimistic too)."""
 
-    def __init__(self, decay: float = 0.97) -> None:
+    def __init__(self, decay: float = 0.99) -> None:
         self.decay = decay
         self._s = _Sums()
+        self._last: tuple[float, float] | None = None  # the last (a, b) told: kept while one batch size is seen
 
     @property
     def count(self) -> int:
@@ -81,19 +82,21 @@ class ServiceFit:
         s.count += 1
 
     def coefficients(self) -> tuple[float, float] | None:
-        """(a, b) in ms, both >= 0; None before any batch, or when b cannot be told (one batch size seen)."""
+        """(a, b) in ms, both >= 0; None until b can be told (batches of two sizes seen). While the recent batches
+        are all of one size (low load: every batch is one request) the last (a, b) told stands."""
         s = self._s
         if s.w <= 0:
             return None
         mean_n, mean_t = s.n / s.w, s.t / s.w
         var_n = s.nn / s.w - mean_n * mean_n
         if var_n < 0.05:
-            return None
+            return self._last
         b = (s.nt / s.w - mean_n * mean_t) / var_n
         b = max(0.0, b)
         a = mean_t - b * mean_n
         if a < 0:  # no fixed cost seen: a line through the origin
             a, b = 0.0, (s.nt / s.w) / (s.nn / s.w)
+        self._last = (a, b)
         return a, b
 
     def mean(self) -> tuple[float, float] | None:

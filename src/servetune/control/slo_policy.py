@@ -10,7 +10,7 @@ wobbles.
 
 from __future__ import annotations
 
-from servetune.control.law import Cost, decide
+from servetune.control.law import decide
 from servetune.control.policy import BatchSeen, Decision, View
 from servetune.control.settings import ControlSettings, Knobs
 
@@ -36,19 +36,11 @@ class SloPolicy:
     def observe(self, batch: BatchSeen) -> None:
         """The fit is the controller's; nothing of its own to learn."""
 
-    def _cost(self, view: View) -> Cost | None:
-        cost = view.cost()
-        if cost is not None:
-            return cost
-        seen = view.fit.mean()
-        if seen is None:
-            return None
-        mean_n, mean_t = seen  # one batch size seen so far: pessimistic, a batch costs in proportion
-        return Cost(0.0, mean_t / mean_n)
-
     def decide(self, view: View) -> Decision | None:
         s = self.settings
-        cost = self._cost(view)
+        # Until the fit can tell b (batches of two sizes), the knobs stay as registered: a cap set from a guess
+        # could keep every batch at one size, and b would never be told; the load itself varies the batches.
+        cost = view.cost()
         if cost is None:
             if self._started:
                 return None
