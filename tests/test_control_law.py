@@ -10,7 +10,7 @@ from servetune.control import Cost, Knobs, completion_ms, decide, parse_settings
 from servetune.control.estimate import RateMeter, ServiceFit
 from servetune.control.law import batch_cap, batch_needed
 from servetune.control.policy import View, make_policy
-from servetune.control.slo_policy import HOLD_S
+from servetune.control.slo_policy import WORKERS_HOLD_S
 
 COST = Cost(20.0, 5.0)  # a batch of n takes 20 + 5n ms
 
@@ -32,18 +32,25 @@ def test_batch_needed_keeps_each_worker_under_rho() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rate", "workers", "expected"),
+    ("rate", "workers", "expected", "n_need"),
     [
-        (20.0, (1, 1), Knobs(15, 0.0, 1)),  # batches of one keep up: no delay, the SLA's largest batch
-        (100.0, (1, 1), Knobs(9, 60.0, 1)),  # n_need 7: wait (7 - 1) / 100 s; then 60 + 2 t(n) <= 198: n <= 9
-        (200.0, (1, 4), Knobs(12, 30.0, 2)),  # 200 / (0.8 * 15 / 95 ms) = 1.58 -> 2 workers; n_need 7 in 30 ms
+        (20.0, (1, 1), Knobs(15, 0.0, 1), 1),  # 2 (20 + 5n) <= 198 -> 15; batches of one keep up
+        (100.0, (1, 1), Knobs(15, 0.0, 1), 7),  # n_need = ceil(0.1 * 20 / (0.8 - 0.1 * 5)) = 7 <= 15: it holds
+        (150.0, (1, 4), Knobs(15, 0.0, 2), 4),  # 150 / (0.8 * 15 / 95 ms) = 1.19 -> 2 workers; 0.075*20/0.425 = 3.5
+        (200.0, (1, 4), Knobs(15, 0.0, 2), 7),  # 200 / 126.3 = 1.58 -> 2 workers
     ],
 )
-def test_decide_by_hand(rate: float, workers: tuple[int, int], expected: Knobs) -> None:
+def test_decide_by_hand(rate: float, workers: tuple[int, int], expected: Knobs, n_need: int) -> None:
     result = decide(COST, rate, 200.0, 0.0, (1, 32), (0, 100), workers)
     assert result.knobs == expected
+    assert result.n_need == n_need
     assert result.feasible
     assert result.worst_ms <= 198.0
+
+
+def test_decide_keeps_the_delay_at_its_lower_bound_and_the_cap_within_what_it_leaves() -> None:
+    result = decide(COST, 100.0, 200.0, 0.0, (1, 32), (20, 100), (1, 1))
+    assert result.knobs == Knobs(13, 20.0, 1)  # 20 + 2 (20 + 5n) <= 198 -> n <= 13.8
 
 
 def test_decide_says_when_the_bounds_cannot_hold_the_load() -> None:
@@ -121,19 +128,19 @@ def _view(now: float, rate: float, knobs: Knobs, fit: ServiceFit, settings_raw: 
 
 
 def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> None:
-    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "max_batch_delay_ms": [0, 100]}}
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 4]}}
     fit = ServiceFit()
     for n in (1, 4, 2, 8, 3, 6):
         fit.add(n, 20.0 + 5.0 * n)
     policy = make_policy(parse_settings(raw), Knobs(1, 0.0, 1))
     low = Knobs(15, 0.0, 1)
     decision = policy.decide(_view(0.0, 20.0, Knobs(1, 0.0, 1), fit, raw))
-    assert decision is not None and decision.knobs == low  # 15: the SLA's largest batch, no delay
-    step = policy.decide(_view(1.0, 100.0, low, fit, raw))
-    assert step is not None and step.knobs == Knobs(9, 60.0, 1)  # at the next tick
+    assert decision is not None and decision.knobs == low  # 15: the SLA's largest batch, no delay, one worker
+    step = policy.decide(_view(1.0, 200.0, low, fit, raw))
+    assert step is not None and step.knobs == Knobs(15, 0.0, 2)  # at the next tick: 200 / 126.3 -> 2 workers
     high = step.knobs
-    assert policy.decide(_view(1.1, 100.0 * 1.05, high, fit, raw)) is None  # inside the deadband: no flap
+    assert policy.decide(_view(1.1, 200.0 * 1.05, high, fit, raw)) is None  # no flap
     assert policy.decide(_view(2.0, 20.0, high, fit, raw)) is None  # the load fell: held ...
-    assert policy.decide(_view(2.0 + HOLD_S / 2, 20.0, high, fit, raw)) is None
-    back = policy.decide(_view(2.0 + HOLD_S, 20.0, high, fit, raw))
-    assert back is not None and back.knobs == low  # ... for HOLD_S
+    assert policy.decide(_view(2.0 + WORKERS_HOLD_S / 2, 20.0, high, fit, raw)) is None
+    back = policy.decide(_view(2.0 + WORKERS_HOLD_S, 20.0, high, fit, raw))
+    assert back is not None and back.knobs == low  # ... for WORKERS_HOLD_S

@@ -3,13 +3,14 @@ worker, its threads), the arrival rate λ, the SLA's latency L and the knobs' bo
 
 1. **Batch cap** n_cap: the largest batch within bounds whose worst case fits the SLA: a request may find a worker
    busy with a full batch, then wait out the batch delay d, then run in its own batch: ``d + 2·t(n_cap) <= L - m``
-   (m: the fit's margin, twice its residual spread, plus the host's scheduling slack).
+   (m: the predictions' error margin plus the frontend's slack).
 2. **Workers** W: the fewest within bounds whose capacity at n_cap keeps each worker busy at most ρ = 0.8 of the time:
    ``W·n_cap / t(n_cap) >= λ / ρ``.
-3. **Batch the load needs** n_need: the smallest batch that keeps each worker busy at most ρ at its share of the
-   load, λ_w = λ / W: ``λ_w·t(n) <= ρ·n``, i.e. ``n >= λ_w·a / (ρ - λ_w·b)``.
-4. **Delay** d: none while batches of one keep up (n_need = 1: the lowest latency); else the time the load takes to
-   bring n_need requests, ``(n_need - 1) / λ``, within bounds and within what the SLA leaves (step 1).
+3. **Delay** d: its lower bound. Waiting never shortens a request's latency, and with workers that do not share a
+   resource it does not raise capacity either: while the workers are busy the queue forms the batch the load needs
+   by itself (greedy dispatch settles where (λ/W)·t(n) = n), and the cap bounds it. What the load needs,
+   n_need = the smallest batch with ``(λ/W)·t(n) <= ρ·n``, decides whether the knobs can hold the load at all
+   (``feasible``: n_need <= n_cap).
 
 Admission (:func:`completion_ms`): a request's completion is predicted from the requests ahead of it, the workers'
 running batches and t(n); a request predicted to finish after its deadline is shed.
@@ -93,21 +94,14 @@ def decide(
     # 2. workers: the fewest that carry the load at n_cap under rho
     capacity = n_cap / cost.t(n_cap) * 1000.0  # requests per second per worker
     workers = max(worker_bounds[0], min(worker_bounds[1], math.ceil(rate / (RHO * capacity) - 1e-9)))
-    # 3. the batch the load needs on those workers
+    # 3. the delay: its lower bound; the batch the load needs tells whether these knobs hold the load at all
+    delay = float(delay_bounds[0])
     needed = batch_needed(cost, rate, workers)
     feasible = needed is not None and needed <= n_cap
     n_need = min(needed, n_cap) if needed is not None else n_cap
-    # 4. the delay that forms it, within what the SLA leaves
-    delay = float(delay_bounds[0])
-    if n_need > 1 and rate > 0:
-        delay = max(delay, (n_need - 1) / rate * 1000.0)
-    room = budget - 2.0 * cost.t(n_need)
-    delay = max(float(delay_bounds[0]), min(delay, float(delay_bounds[1]), max(room, 0.0)))
-    if delay > delay_bounds[0]:
-        n_cap = max(n_need, batch_cap(cost, budget, delay, batch_bounds))
     utilization = rate / workers / 1000.0 * cost.t(n_need) / n_need
     worst = delay + 2.0 * cost.t(n_cap)
-    return LawResult(Knobs(n_cap, round(delay, 1), workers), rate, n_need, utilization, worst, feasible)
+    return LawResult(Knobs(n_cap, delay, workers), rate, n_need, utilization, worst, feasible)
 
 
 def completion_ms(
