@@ -13,7 +13,7 @@ after: one server, the same model, the same trace (a seeded open loop, ``servetu
 2. **Moving load** (``--seconds``, 900; quick 60): a daily curve 0.2 C → 0.9 C → 0.2 C, a 2.5× step 0.3 C → 0.75 C,
    a burst to 0.9 C (20 s; quick 3 s) over 0.4 C, Gamma arrivals of CV 2 at 0.6 C. Attainment (good answers over all
    sent: 503s and errors are misses), share of 10 s windows inside the SLA, recovery after the step (the end of the
-   last 0.5 s window after the step under 99% good, from the step), CPU-seconds (server and workers) per 1,000 good.
+   last 1 s window after the step under 99% good, from the step), CPU-seconds (server and workers) per 1,000 good.
 3. **Sustainable scale**: the largest multiplier of a short version of that trace (90 s; quick 10 s) at which the
    policy still answers >= 99% good, by bisection (5 steps; quick 3).
 4. **Overload**: 1.5× the policy's own sustainable peak rate (60 s; quick 15 s), then 0.5 C (30 s; quick 10 s):
@@ -249,7 +249,7 @@ class Bench:
         }
 
 
-def recovery_s(run: dict[str, Any], at: float, until: float, window: float = 0.5) -> float:
+def recovery_s(run: dict[str, Any], at: float, until: float, window: float = 1.0) -> float:
     """From ``at``, the end of the last ``window`` before ``until`` whose requests were under 99% good (0: none)."""
     start, good = run["start"], run["good"]
     last_bad = at
