@@ -21,6 +21,7 @@ def test_batch_cap_is_the_largest_batch_whose_worst_case_fits() -> None:
     assert batch_cap(COST, 198.0, 60.0, (1, 32)) == 9  # (198 - 60) / 2 = 69 -> n <= 9.8
     assert batch_cap(COST, 198.0, 0.0, (1, 8)) == 8  # within bounds
     assert batch_cap(COST, 30.0, 0.0, (2, 8)) == 2  # nothing fits: the bounds' low end
+    assert batch_cap(COST, 198.0, 0.0, (1, 32), workers=2) == 22  # 1.5 (20 + 5n) <= 198: the first of two frees
 
 
 def test_batch_needed_keeps_each_worker_under_rho() -> None:
@@ -36,8 +37,9 @@ def test_batch_needed_keeps_each_worker_under_rho() -> None:
     [
         (20.0, (1, 1), Knobs(15, 0.0, 1), 1),  # 2 (20 + 5n) <= 198 -> 15; batches of one keep up
         (100.0, (1, 1), Knobs(15, 0.0, 1), 7),  # n_need = ceil(0.1 * 20 / (0.8 - 0.1 * 5)) = 7 <= 15: it holds
-        (150.0, (1, 4), Knobs(15, 0.0, 2), 4),  # 150 / (0.8 * 15 / 95 ms) = 1.19 -> 2 workers; 0.075*20/0.425 = 3.5
-        (200.0, (1, 4), Knobs(15, 0.0, 2), 7),  # 200 / 126.3 = 1.58 -> 2 workers
+        # 150 / (0.8 * 15 / 95 ms) = 1.19 -> 2 workers, whose cap is 1.5 (20 + 5n) <= 198 -> 22; 0.075 * 20 / 0.425
+        (150.0, (1, 4), Knobs(22, 0.0, 2), 4),
+        (200.0, (1, 4), Knobs(22, 0.0, 2), 7),  # 200 / 126.3 = 1.58 -> 2 workers
     ],
 )
 def test_decide_by_hand(rate: float, workers: tuple[int, int], expected: Knobs, n_need: int) -> None:
@@ -137,7 +139,7 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     decision = policy.decide(_view(0.0, 20.0, Knobs(1, 0.0, 1), fit, raw))
     assert decision is not None and decision.knobs == low  # 15: the SLA's largest batch, no delay, one worker
     step = policy.decide(_view(1.0, 200.0, low, fit, raw))
-    assert step is not None and step.knobs == Knobs(15, 0.0, 2)  # at the next tick: 200 / 126.3 -> 2 workers
+    assert step is not None and step.knobs == Knobs(22, 0.0, 2)  # at the next tick: 200 / 126.3 -> 2 workers
     high = step.knobs
     assert policy.decide(_view(1.1, 200.0 * 1.05, high, fit, raw)) is None  # no flap
     assert policy.decide(_view(2.0, 20.0, high, fit, raw)) is None  # the load fell: held ...

@@ -1,11 +1,12 @@
 """The control law, as pure functions of what was measured: the model's cost t(n) = a + b·n per batch of n (one
 worker, its threads), the arrival rate λ, the SLA's latency L and the knobs' bounds. docs/controller.md derives it.
 
-1. **Batch cap** n_cap: the largest batch within bounds whose worst case fits the SLA: a request may find a worker
-   busy with a full batch, then wait out the batch delay d, then run in its own batch: ``d + 2·t(n_cap) <= L - m``
-   (m: the predictions' error margin plus the frontend's slack).
+1. **Batch cap** n_cap: the largest batch within bounds whose worst case fits the SLA: a request may find every
+   worker busy with a full batch, wait for the first to free (under load greedy dispatch staggers the W workers'
+   batches: within t(n)/W), wait out the batch delay d, then run in its own batch:
+   ``d + (1 + 1/W)·t(n_cap) <= L - m`` (m: the predictions' error margin plus the frontend's slack).
 2. **Workers** W: the fewest within bounds whose capacity at n_cap keeps each worker busy at most ρ = 0.8 of the time:
-   ``W·n_cap / t(n_cap) >= λ / ρ``.
+   ``W·n_cap / t(n_cap) >= λ / ρ`` (n_cap for the fewest workers first, then for the W chosen).
 3. **Delay** d: its lower bound. Waiting never shortens a request's latency, and with workers that do not share a
    resource it does not raise capacity either: while the workers are busy the queue forms the batch the load needs
    by itself (greedy dispatch settles where (λ/W)·t(n) = n), and the cap bounds it. What the load needs,
@@ -46,7 +47,7 @@ class LawResult:
     rate: float
     n_need: int
     utilization: float  # each worker's predicted busy share at these knobs
-    worst_ms: float  # the predicted worst latency: d + 2·t(n_cap)
+    worst_ms: float  # the predicted worst latency: d + (1 + 1/W)·t(n_cap)
     feasible: bool  # False: even the bounds' most cannot hold the SLA at this load (the best effort is chosen)
 
     def to_json(self) -> dict[str, object]:
@@ -59,9 +60,15 @@ class LawResult:
         }
 
 
-def batch_cap(cost: Cost, budget_ms: float, delay_ms: float, bounds: tuple[int, int]) -> int:
-    """The largest n in ``bounds`` with ``delay + 2·t(n) <= budget`` (the bounds' low end when none fits)."""
-    room = (budget_ms - delay_ms) / 2.0 - cost.a_ms
+def wait_factor(workers: int) -> float:
+    """A request's worst case in batch times: its own batch, after the first of ``workers`` workers frees. Under
+    load, greedy dispatch staggers the workers' batches, so the first frees within t(n)/W: 1 + 1/W."""
+    return 1.0 + 1.0 / max(1, workers)
+
+
+def batch_cap(cost: Cost, budget_ms: float, delay_ms: float, bounds: tuple[int, int], workers: int = 1) -> int:
+    """The largest n in ``bounds`` with ``delay + (1 + 1/W)·t(n) <= budget`` (the bounds' low end when none fits)."""
+    room = (budget_ms - delay_ms) / wait_factor(workers) - cost.a_ms
     if cost.b_ms <= 0:
         return bounds[1] if room >= 0 else bounds[0]
     n = math.floor(room / cost.b_ms + 1e-9)
@@ -90,17 +97,18 @@ def decide(
 ) -> LawResult:
     """The law's knobs for this cost, rate and SLA (see the module). ``worker_bounds`` = (W, W) holds workers."""
     budget = target_ms - margin_ms - SLACK_MS
-    n_cap = batch_cap(cost, budget, float(delay_bounds[0]), batch_bounds)
-    # 2. workers: the fewest that carry the load at n_cap under rho
+    delay = float(delay_bounds[0])
+    # 2. workers: the fewest that carry the load under rho at the cap the fewest allow (then the cap for them)
+    n_cap = batch_cap(cost, budget, delay, batch_bounds, worker_bounds[0])
     capacity = n_cap / cost.t(n_cap) * 1000.0  # requests per second per worker
     workers = max(worker_bounds[0], min(worker_bounds[1], math.ceil(rate / (RHO * capacity) - 1e-9)))
+    n_cap = batch_cap(cost, budget, delay, batch_bounds, workers)
     # 3. the delay: its lower bound; the batch the load needs tells whether these knobs hold the load at all
-    delay = float(delay_bounds[0])
     needed = batch_needed(cost, rate, workers)
     feasible = needed is not None and needed <= n_cap
     n_need = min(needed, n_cap) if needed is not None else n_cap
     utilization = rate / workers / 1000.0 * cost.t(n_need) / n_need
-    worst = delay + 2.0 * cost.t(n_cap)
+    worst = delay + wait_factor(workers) * cost.t(n_cap)
     return LawResult(Knobs(n_cap, delay, workers), rate, n_need, utilization, worst, feasible)
 
 
@@ -128,4 +136,14 @@ def completion_ms(
     return start + cost.t(own)
 
 
-__all__ = ["RHO", "SLACK_MS", "Cost", "LawResult", "batch_cap", "batch_needed", "completion_ms", "decide"]
+__all__ = [
+    "RHO",
+    "SLACK_MS",
+    "Cost",
+    "LawResult",
+    "batch_cap",
+    "batch_needed",
+    "completion_ms",
+    "decide",
+    "wait_factor",
+]

@@ -10,7 +10,7 @@ wobbles.
 
 from __future__ import annotations
 
-from servetune.control.law import decide
+from servetune.control.law import SLACK_MS, batch_cap, decide
 from servetune.control.policy import BatchSeen, Decision, View
 from servetune.control.settings import ControlSettings, Knobs
 
@@ -67,6 +67,10 @@ class SloPolicy:
                 workers, self._fewer_since = want.workers, None
         else:
             self._fewer_since = None
+        if workers != want.workers:  # workers held: the cap those allow
+            budget = s.target_ms - view.margin_ms - SLACK_MS
+            cap = batch_cap(cost, budget, want.max_batch_delay_ms, s.batch_size, workers)
+            want = Knobs(cap, want.max_batch_delay_ms, want.workers)
         # batching: at once, except a shorter delay (the load fell), which waits HOLD_S
         batch, delay = now.batch_size, now.max_batch_delay_ms
         differs = _far(want.batch_size, batch, 1.0) or _far(want.max_batch_delay_ms, delay, 1.0)
