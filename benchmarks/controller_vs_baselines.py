@@ -4,12 +4,13 @@
     python benchmarks/controller_vs_baselines.py [--seconds 900] [--policies controller,greedy,...] [--json rows.json]
 
 The model is a known-cost one: each batch of n sleeps a + b·n ms (25 + 2.5n by default), so batching matters and the
-right answers can be computed; two workers; SLA P99 100 ms. Each policy is the same archive with its own
+right answers can be computed; SLA P99 100 ms; the static winner (and greedy, aimd, lsq) on two workers, the policies
+that move workers (controller, queue, oracle) within [1, 4]. Each policy is the same archive with its own
 ``controller:`` section (docs/controller.md), registered through the management API for its run and unregistered
 after: one server, the same model, the same trace (a seeded open loop, ``servetune.bench``).
 
 1. **Capacity** C: the static winner's (the largest batch inside the SLA, no delay) highest steady Poisson rate with
-   P99 inside the SLA, by bisection.
+   P99 inside the SLA, by bisection (6 s runs).
 2. **Moving load** (``--seconds``, 900; quick 60): a daily curve 0.2 C → 0.9 C → 0.2 C, a 2.5× step 0.3 C → 0.75 C,
    a burst to 0.9 C (20 s; quick 3 s) over 0.4 C, Gamma arrivals of CV 2 at 0.6 C. Attainment (good answers over all
    sent: 503s and errors are misses), share of 10 s windows inside the SLA, recovery after the step (the end of the
@@ -75,7 +76,8 @@ DELAY_BOUNDS = (0, 50)
 class Setup:
     cost: Cost
     sla_ms: float
-    workers: int
+    workers: int  # the static winner's (and greedy's, aimd's, lsq's)
+    max_workers: int  # the bound of the policies that move workers (controller, queue, oracle)
     seconds: float  # the moving trace
     short_s: float  # the bisection's trace
     bisect_steps: int
@@ -114,11 +116,13 @@ def schedule_of(parts: list[Phase], seed: int) -> Schedule:
 # ---- the policies' archives ----------------------------------------------------------------------------------
 
 
-def knobs_for(setup: Setup, rate: float) -> dict[str, Any]:
-    """The best static config for a steady ``rate``, from the known cost (the law's offline answer, no margin)."""
-    w = setup.workers
-    law = decide(setup.cost, rate, setup.sla_ms, 0.0, BATCH_BOUNDS, DELAY_BOUNDS, (w, w))
-    return {"batch_size": law.knobs.batch_size, "max_batch_delay_ms": law.knobs.max_batch_delay_ms, "workers": w}
+def knobs_for(setup: Setup, rate: float, workers: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The best static config for a steady ``rate``, from the known cost (the law's offline answer, no margin):
+    with ``workers`` bounds, the fewest workers that carry it; else the static winner's workers."""
+    w = workers or (setup.workers, setup.workers)
+    law = decide(setup.cost, rate, setup.sla_ms, 0.0, BATCH_BOUNDS, DELAY_BOUNDS, w)
+    k = law.knobs
+    return {"batch_size": k.batch_size, "max_batch_delay_ms": k.max_batch_delay_ms, "workers": k.workers}
 
 
 def controller_section(setup: Setup, policy: str, c: float, parts: list[Phase], mean_rate: float) -> dict[str, Any]:
@@ -130,8 +134,10 @@ def controller_section(setup: Setup, policy: str, c: float, parts: list[Phase], 
             "workers": [setup.workers, setup.workers],
         },
     }
+    elastic = [1, setup.max_workers]  # the policies that move workers may use up to max_workers
     if policy == "controller":
         section["shed"] = True
+        section["bounds"]["workers"] = elastic
     elif policy in ("static", "static-mean"):
         rate = c * max(p.peak_fraction for p in parts) if policy == "static" else mean_rate
         section["policy"] = "static"
@@ -142,11 +148,12 @@ def controller_section(setup: Setup, policy: str, c: float, parts: list[Phase], 
         section["phases"] = []
         for p in parts:
             until += p.seconds
-            section["phases"].append({"until_s": round(until, 3), **knobs_for(setup, p.peak_fraction * c)})
+            knobs = knobs_for(setup, p.peak_fraction * c, (1, setup.max_workers))
+            section["phases"].append({"until_s": round(until, 3), **knobs})
         section["phases"][-1]["until_s"] = 1e9
     elif policy == "queue":
         section["policy"] = "queue"
-        section["bounds"]["workers"] = [1, 2 * setup.workers]
+        section["bounds"]["workers"] = elastic
     else:
         section["policy"] = policy
     return section
@@ -266,7 +273,7 @@ def recovery_s(run: dict[str, Any], at: float, until: float, window: float = 1.0
 
 
 def capacity(bench: Bench, setup: Setup, log: Any) -> float:
-    """The static winner's highest steady rate with P99 inside the SLA (bisection over 4 s Poisson runs)."""
+    """The static winner's highest steady rate with P99 inside the SLA (bisection over 6 s Poisson runs)."""
     cost, w = setup.cost, setup.workers
     top = decide(cost, 1e9, setup.sla_ms, 0.0, BATCH_BOUNDS, DELAY_BOUNDS, (w, w)).knobs.batch_size
     ideal = w * top / cost.t(top) * 1000.0
@@ -275,7 +282,7 @@ def capacity(bench: Bench, setup: Setup, log: Any) -> float:
     low, high = 0.3 * ideal, 1.05 * ideal
     for step in range(4 if setup.quick else 6):
         rate = (low + high) / 2
-        run = bench.run(section, Schedule.steady(rate, "poisson", seconds=4.0, seed=100 + step), w)
+        run = bench.run(section, Schedule.steady(rate, "poisson", seconds=6.0, seed=100 + step), w)
         inside = run["p99_ms"] <= setup.sla_ms and run["attainment"] >= 0.99
         log(f"  capacity: {rate:.0f} req/s -> P99 {run['p99_ms']:.1f} ms, {'inside' if inside else 'outside'}")
         low, high = (rate, high) if inside else (low, rate)
@@ -368,7 +375,8 @@ def main() -> None:
     parser.add_argument("--a-ms", type=float, default=25.0, help="the model's fixed cost per batch")
     parser.add_argument("--b-ms", type=float, default=2.5, help="the model's cost per request")
     parser.add_argument("--sla-ms", type=float, default=100.0, help="P99 SLA")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="the static winner's workers (C is measured with them)")
+    parser.add_argument("--max-workers", type=int, default=4, help="bound for the policies that move workers")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args()
@@ -377,6 +385,7 @@ def main() -> None:
         cost=Cost(args.a_ms, args.b_ms),
         sla_ms=args.sla_ms,
         workers=args.workers,
+        max_workers=args.max_workers,
         seconds=60.0 if quick else args.seconds,
         short_s=10.0 if quick else 90.0,
         bisect_steps=3 if quick else 5,
