@@ -167,6 +167,13 @@ def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can
     assert tight.status == 503 and time.monotonic() - started < 0.08
     assert predict(server, "shed", b"loose", {"x-servetune-timeout-ms": "1000"}).status == 200
     assert predict(server, "shed", b"bad", {"x-servetune-timeout-ms": "soon"}).status == 400
+    # the Open Inference Protocol's own: a ``timeout`` parameter, in microseconds
+    oip = {"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1]}], "parameters": {"timeout": 50000}}
+    started = time.monotonic()
+    url = f"{server.inference_url}/v2/models/shed/infer"
+    refused = call("POST", url, json.dumps(oip).encode(), {"Content-Type": "application/json"})
+    assert refused.status == 503 and time.monotonic() - started < 0.08, refused.body
+    assert "deadline" in refused.json()["error"]
 
 
 def metric_values(server: EmbeddedServer, name: str, model: str) -> dict[str, float]:
