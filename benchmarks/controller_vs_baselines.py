@@ -22,7 +22,8 @@ after: one server, the same model, the same trace (a seeded open loop, ``servetu
 
 Static and oracle knobs: for this known-cost model they are computed offline from the cost and the rate (the
 static winner at the trace's peak, ``static``; at its mean, ``static-mean``; the oracle: the same for each phase at
-that phase's peak rate, knowing the trace in hindsight), not searched with the tuner: docs/controller.md says so
+that phase's peak rate, knowing the trace in hindsight, on the most workers any phase needs), not searched with the
+tuner: docs/controller.md says so
 next to the figures. ``--quick``: controller, greedy, static and oracle only.
 """
 
@@ -143,14 +144,19 @@ def controller_section(setup: Setup, policy: str, c: float, parts: list[Phase], 
         section["policy"] = "static"
         section["static"] = knobs_for(setup, rate)
     elif policy == "oracle":
+        # per phase the best static batching at the phase's peak; workers held at the most any phase needs (a worker
+        # takes a second or more to start: switching them at a phase's start would cost the oracle its first second)
         section["policy"] = "oracle"
         until = 0.0
         section["phases"] = []
+        each = [knobs_for(setup, p.peak_fraction * c, (1, setup.max_workers)) for p in parts]
+        most = max(k["workers"] for k in each)
         for p in parts:
             until += p.seconds
-            knobs = knobs_for(setup, p.peak_fraction * c, (1, setup.max_workers))
-            section["phases"].append({"until_s": round(until, 3), **knobs})
+            held = knobs_for(setup, p.peak_fraction * c, (most, most))
+            section["phases"].append({"until_s": round(until, 3), **held})
         section["phases"][-1]["until_s"] = 1e9
+        section["bounds"]["workers"] = [most, most]
     elif policy == "queue":
         section["policy"] = "queue"
         section["bounds"]["workers"] = elastic
