@@ -1,14 +1,15 @@
 """Scaling beside busy gRPC servers: scale a model up and down through TorchServe's gRPC management API while
 TorchServe's gRPC inference API serves requests, and count what broke.
 
-    python benchmarks/grpc_scaling.py [--cycles 200] [--clients 4]
+    python benchmarks/grpc_scaling.py [--cycles 200] [--clients 4] [--worker-preload auto|model|imports|off]
     PYTHONPATH=/path/to/other/src python benchmarks/grpc_scaling.py     # the same loop on another checkout
 
 Each cycle is ``ScaleWorker(min_worker=2, synchronous)`` (a worker starts) then ``ScaleWorker(min_worker=1,
 synchronous)`` (one retires), with clients calling ``Predictions`` and ``DescribeModel``/``ListModels`` all along.
 Prints the scale-ups that failed (a worker that crashed while it started: "exited while loading (exit code -11)"),
 the inference calls that failed, and every server log line that reports an error. The exit code is 0 only when all
-three are 0.
+three are 0. ``--worker-preload off`` spawns every worker (a new interpreter per scale-up, the path that crashed in
+gRPC's fork handlers); the default forks the model's workers from its parent process when the model qualifies.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from servetune.embedded import EmbeddedServer  # noqa: E402
 BROKEN = re.compile(r"\[ERROR\]|Traceback|Future exception|fork_posix|exited while loading|Segmentation", re.I)
 
 
-def run(cycles: int, clients: int, workdir: Path) -> dict[str, Any]:
+def run(cycles: int, clients: int, workdir: Path, preload: str) -> dict[str, Any]:
     stubs = generate_stubs(workdir / "stubs")
     store = workdir / "store"
     sleep_archive(store, "noop", batch_ms=1.0)
-    properties = {"default_workers_per_model": "1", "disable_token_authorization": "true"}
+    properties = {"default_workers_per_model": "1", "disable_token_authorization": "true", "worker_preload": preload}
     with EmbeddedServer(store, {"noop": "noop.mar"}, properties, workdir=workdir / "server") as server:
         inference = grpc.insecure_channel(server.grpc_inference_target)
         management = grpc.insecure_channel(server.grpc_management_target)
@@ -114,14 +115,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=200, help="scale-ups (each followed by a scale-down)")
     parser.add_argument("--clients", type=int, default=4, help="threads calling Predictions all along")
+    parser.add_argument("--worker-preload", default="auto", help="worker_preload (off: spawn every worker)")
     args = parser.parse_args()
     import servetune
 
     with open("/proc/loadavg") as fh:
         load = fh.read().strip()
-    print(f"servetune from {Path(servetune.__file__).parent}; load average before: {load}", file=sys.stderr)
+    where = Path(servetune.__file__).parent
+    print(f"servetune from {where}; worker_preload={args.worker_preload}; load average before: {load}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="grpc-scaling-") as tmp:
-        result = run(args.cycles, args.clients, Path(tmp))
+        result = run(args.cycles, args.clients, Path(tmp), args.worker_preload)
     for key, value in result.items():
         if key == "log_error_lines":
             for line in value:
