@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from servetune._exceptions import ServetuneError
+from servetune._exceptions import ApiError, ServetuneError
 from servetune.api.types import InferRequest, InferResult
 
 
@@ -109,9 +109,14 @@ class Batcher:
         return True
 
     def _discard(self, job: Job) -> None:
-        """Drop an abandoned job: nobody waits for its answer (the client went away, or its deadline passed)."""
+        """Drop an abandoned job: the client went away (nobody to answer), or its deadline passed (a client still
+        waiting, e.g. a REST client's ``x-servetune-timeout-ms``, gets 504 at once instead of a late answer)."""
         if not job.future.done():
-            job.future.cancel()
+            gone = job.request.is_disconnected
+            if gone is not None and gone():
+                job.future.cancel()
+            else:
+                job.future.set_exception(ApiError.timeout("the request's deadline passed while it waited in the queue"))
         self.dropped_disconnected += 1
 
     def _prune(self) -> None:
