@@ -127,8 +127,11 @@ def main() -> int:
             grpc_empty = method.request(model_name="probe")
             grpc_empty.inputs.add(name="x", datatype="FP32", shape=[10_000_000, 0])
             channel = grpc.insecure_channel(server.grpc_inference_target)
-            stub = channel.unary_unary(method.path, request_serializer=method.request.SerializeToString,
-                                       response_deserializer=method.response.FromString)
+            stub = channel.unary_unary(
+                method.path,
+                request_serializer=method.request.SerializeToString,
+                response_deserializer=method.response.FromString,
+            )
 
             def grpc_attack() -> None:
                 try:
@@ -158,8 +161,10 @@ def main() -> int:
                 p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
                 meets = median < 0.25 and worst < 1.0
                 ok = ok and meets
-                print(f"{name:28s} {len(ordered):5d} {median * 1e3:10.1f} {p99 * 1e3:8.1f} {worst * 1e3:8.1f} "
-                      f"{took:9.2f} {'' if meets else '  over target'}")
+                print(
+                    f"{name:28s} {len(ordered):5d} {median * 1e3:10.1f} {p99 * 1e3:8.1f} {worst * 1e3:8.1f} "
+                    f"{took:9.2f} {'' if meets else '  over target'}"
+                )
             channel.close()
     print("target: median < 250 ms and max < 1000 ms under every attack:", "met" if ok else "NOT met")
     return 0 if ok else 1

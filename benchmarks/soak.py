@@ -152,7 +152,8 @@ class Traffic:
         method = methods(TORCHSERVE_INFERENCE)["Predictions"]
         self.request_type = method.request
         self.predict = channel.unary_unary(
-            method.path, request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+            method.path,
+            request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
             response_deserializer=method.response.FromString,
         )
         self.heavy = heavy_bytes_body()
@@ -218,8 +219,9 @@ class Traffic:
 
     async def v1(self) -> str:
         token = self.token()
-        status, body = await self.post(f"/v1/models/{MODEL}:predict", json.dumps({"instances": [{"token": token}]})
-                                       .encode())
+        status, body = await self.post(
+            f"/v1/models/{MODEL}:predict", json.dumps({"instances": [{"token": token}]}).encode()
+        )
         return self.checked(status, body, token, lambda a: a["predictions"][0])
 
     async def v2(self) -> str:
@@ -246,8 +248,11 @@ class Traffic:
         return str((await self.post(f"/predictions/{MODEL}", OVERSIZE))[0])
 
     async def malformed(self) -> str:
-        return str((await self.post(f"/predictions/{MODEL}", MALFORMED,
-                                    {"Content-Type": "multipart/form-data; boundary=b"}))[0])
+        return str(
+            (await self.post(f"/predictions/{MODEL}", MALFORMED, {"Content-Type": "multipart/form-data; boundary=b"}))[
+                0
+            ]
+        )
 
     async def unknown_model(self) -> str:
         return str((await self.post("/predictions/nope", b"{}"))[0])
@@ -307,8 +312,9 @@ class Traffic:
         return (await self.grpc(b"\xff\xff\xff\xff"))[0]
 
 
-async def soak(base: str, grpc_target: str, mgmt: str, minutes: float, clients: int, kill_every: float,
-               timeout: float) -> collections.Counter[str]:
+async def soak(
+    base: str, grpc_target: str, mgmt: str, minutes: float, clients: int, kill_every: float, timeout: float
+) -> collections.Counter[str]:
     rng = random.Random(0)
     weights, names = zip(*KINDS, strict=True)
     results: collections.Counter[str] = collections.Counter()
@@ -361,8 +367,10 @@ def report(results: collections.Counter[str]) -> bool:
         by_kind[kind][outcome] += count
     answered = sum(count for key, count in results.items() if not key.endswith((" hung", " lost")))
     exits = sum(by_kind["exit"].values())
-    print(f"sent {sent}, answered {answered}, worker kills {kills} (SIGKILL) + {exits} exit requests (each kills the "
-          "worker running it)")
+    print(
+        f"sent {sent}, answered {answered}, worker kills {kills} (SIGKILL) + {exits} exit requests (each kills the "
+        "worker running it)"
+    )
     for kind, outcomes in sorted(by_kind.items()):
         print(f"  {kind:24s} " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
     hung = sum(o["hung"] for o in by_kind.values())

@@ -16,6 +16,8 @@ FORBIDDEN = {  # layer -> layers it must not import
     "servetune.tune": ("servetune.server", "servetune.api"),
     "servetune.bench": ("servetune.server", "servetune.api", "servetune.ray", "servetune.tune"),
     "servetune.handlers": ("servetune.server", "servetune.ray", "servetune.api", "servetune.tune"),
+    # the online controller is backend-neutral: the backends drive it, never the other way round
+    "servetune.control": ("servetune.server", "servetune.ray", "servetune.tune", "servetune.bench", "servetune.cli"),
 }
 
 

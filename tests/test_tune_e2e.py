@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from servetune.config.properties import read_properties
+from servetune.control import parse_settings
 from servetune.embedded import EmbeddedServer
 from servetune.tune import Config, Remote, TuneResult, load_study, override, tune
 from tune_models import best_by_hand, cost_archive, expected_closed_loop
@@ -118,6 +119,18 @@ def test_the_deployed_config_serves_the_winner(grid: tuple[TuneResult, TuneResul
     properties = read_properties(deployment.config_properties)
     assert properties["load_models"] == "cost=cost"
     assert yaml.safe_load(deployment.model_config.read_text())["batchSize"] == 4
+    # the same settings with the online controller on: the study's SLA, its searched ranges as the bounds
+    controlled = yaml.safe_load(deployment.files["model-config.controller.yaml"].read_text())
+    assert controlled["batchSize"] == 4 and controlled["controller"] == {
+        "slo": {"p99_ms": SLA_MS},
+        "bounds": {
+            "batch_size": [min(SPACE["batch_size"]), max(SPACE["batch_size"])],
+            "max_batch_delay_ms": [min(SPACE["batch_delay_ms"]), max(SPACE["batch_delay_ms"])],
+            "workers": [min(SPACE["workers"]), max(SPACE["workers"])],
+        },
+        "shed": True,
+    }
+    parse_settings(controlled["controller"])  # what the server accepts at registration
     with EmbeddedServer(properties=properties) as server:
         request = urllib.request.Request(f"{server.management_url}/models/cost", headers=server.auth_headers())
         described = json.loads(urllib.request.urlopen(request, timeout=30).read())[0]

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 QUEUE_MS = "x-servetune-queue-ms"  # accepted -> its batch sent to a worker, milliseconds
 HANDLER_MS = "x-servetune-handler-ms"  # the handler's time on the whole batch, milliseconds
 BATCH_SIZE = "x-servetune-batch-size"  # requests in the batch it ran in
+# sent by a client: how long it waits for the answer (milliseconds from the request's arrival); the server's
+# controller sheds at once a request predicted to miss it (REST; gRPC has its own deadline)
+TIMEOUT_MS = "x-servetune-timeout-ms"
 
 
 def timing_fields(queue_ms: float, handler_ms: float, batch_size: int) -> tuple[tuple[str, str], ...]:
@@ -34,4 +37,4 @@ def _number(value: str | None) -> float:
         return math.nan
 
 
-__all__ = ["BATCH_SIZE", "HANDLER_MS", "QUEUE_MS", "read_timing", "timing_fields"]
+__all__ = ["BATCH_SIZE", "HANDLER_MS", "QUEUE_MS", "TIMEOUT_MS", "read_timing", "timing_fields"]

@@ -19,8 +19,9 @@ here, once:
 - **the request id**: the client's ``x-request-id`` (a header, or gRPC metadata), else a fresh one;
 - **limits**: a request's size is bounded where its bytes arrive (``max_request_size``: the REST adapter reads the
   body within it, gRPC's own receive limit), an answer's here (``max_response_size``: 507);
-- **deadline**: the caller's deadline (gRPC's) travels as the request's typed ``deadline``: the batcher drops a
-  request whose client stopped waiting rather than run it;
+- **deadline**: the caller's deadline (gRPC's; REST's ``x-servetune-timeout-ms``; OIP's ``timeout`` parameter, the
+  sooner) travels as the request's typed ``deadline``: the batcher drops a request whose client stopped waiting
+  rather than run it, and a model's online controller refuses at once one it predicts cannot make it;
 - **metrics**: a prediction the backend answered is observed once (latency, queue and handler time); every answer to
   a prediction is counted in its status class (:meth:`Gateway.count`, which both transports call with the status
   they send); a process whose metrics only sum others' reports (the Ray driver) observes nothing;
@@ -81,6 +82,7 @@ class Call:
     headers: dict[str, str]  # what the handler may read (the worker drops the server's reserved names)
     refuse_not_ready: bool = False  # KServe's protocols: a model that is not ready is refused at once (503)
     on_partial: Callable[[InferResult], None] | None = None  # a stream's intermediate answers (gRPC)
+    deadline: float | None = None  # the request's own (OIP's ``timeout`` parameter): time.monotonic(); None: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,9 @@ class Gateway:
         """Run one prediction through the backend, observed; raises ApiError (the backend's, 503 for a model not
         ready under KServe's rule or not loaded yet, 507 for an answer over ``max_response_size``)."""
         request_id = caller.request_id or new_request_id()
+        deadline = caller.deadline
+        if call.deadline is not None and (deadline is None or call.deadline < deadline):
+            deadline = call.deadline
         job = InferRequest(
             request_id,
             call.headers,
@@ -177,7 +182,7 @@ class Gateway:
             caller.is_disconnected,
             call.control,
             call.on_partial,
-            caller.deadline,
+            deadline,
         )
         try:
             if call.refuse_not_ready and not await self.backend.ready(call.model, call.version):

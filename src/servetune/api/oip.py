@@ -16,6 +16,7 @@ explain the handler lacks), 413 a body over ``max_request_size``, 504 a handler 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -55,7 +56,19 @@ def oip_call(
     sent = {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
     sent[HEADER_LENGTH.lower()] = str(header_length if header_length is not None else len(body))
     inputs = [Input("body", "application/octet-stream", body)]
-    return Call(model, version, inputs, Control(OIP_V2, explain=explain), sent, refuse_not_ready=True)
+    control = Control(OIP_V2, explain=explain)
+    return Call(model, version, inputs, control, sent, refuse_not_ready=True, deadline=timeout_deadline(request))
+
+
+def timeout_deadline(request: InferenceRequest) -> float | None:
+    """The request's ``timeout`` parameter (microseconds, as Triton reads it) as a deadline; ApiError 400 for one
+    that is not a positive number."""
+    timeout = request.parameters.get("timeout")
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 1e15:
+        raise ApiError.bad_request(f"parameters.timeout must be a number of microseconds > 0, got {timeout!r:.24}")
+    return time.monotonic() + timeout / 1e6
 
 
 def tensor_error(exc: TensorError, hint: str = "") -> ApiError:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 import zlib
@@ -33,6 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from servetune._exceptions import ApiError
 from servetune.api.gateway import Access, Answer, Call, Caller, Gateway
 from servetune.api.keepalive import CLIENT_GONE_KEY
+from servetune.timing import TIMEOUT_MS
 
 NO_CACHE_HEADERS = {
     "Pragma": "no-cache",
@@ -104,9 +106,23 @@ def answer_response(answer: Answer) -> Response:
 
 
 def caller(request: Request, received: float) -> Caller:
-    """What the request's head says of its caller (no deadline: HTTP has none)."""
+    """What the request's head says of its caller; its deadline from ``x-servetune-timeout-ms`` (HTTP has none of its
+    own). ApiError 400 for a timeout that is not a positive number."""
     headers, gone = request.headers, request.scope.get(CLIENT_GONE_KEY)
-    return Caller(received, headers.get("authorization"), headers.get("x-request-id"), gone)
+    timeout = headers.get(TIMEOUT_MS)
+    deadline = None if timeout is None else time.monotonic() + timeout_ms(timeout) / 1000.0
+    return Caller(received, headers.get("authorization"), headers.get("x-request-id"), gone, deadline)
+
+
+def timeout_ms(value: str) -> float:
+    """A client's ``x-servetune-timeout-ms``: milliseconds, > 0; ApiError 400 otherwise."""
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = math.nan
+    if not 0 < ms <= 1e9:
+        raise ApiError.bad_request(f"{TIMEOUT_MS} must be a number of milliseconds > 0, got {value[:24]!r}")
+    return ms
 
 
 def request_headers(request: Request, dropped: Sequence[str] = ()) -> dict[str, str]:
@@ -188,8 +204,8 @@ def route(
     answered in ``errors``' shape; the answer's status is counted by the gateway."""
 
     async def guarded(request: Request) -> Response:
-        who = caller(request, time.perf_counter())
         try:
+            who = caller(request, time.perf_counter())
             gateway.authorize(access, who.authorization)
         except ApiError as exc:
             return errors(exc)

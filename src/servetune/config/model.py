@@ -135,9 +135,7 @@ class ModelConfig:
 
 def models_json_entry(entry: Mapping[str, Any], *, source: str, max_workers: int = LIMIT) -> ModelConfig:
     """Read one version entry of config.properties' ``models=`` JSON (same camelCase keys and bounds as the YAML)."""
-    known = {
-        k: v
-        for k, v in entry.items()
-        if k in _YAML_KEYS or k in ("deviceType", "deviceIds", "cpuPinning", "workerPreload")
-    }
+    # ``controller`` (the online controller's settings, servetune's) travels on as the YAML's section does
+    extra = ("deviceType", "deviceIds", "cpuPinning", "workerPreload", "controller")
+    known = {k: v for k, v in entry.items() if k in _YAML_KEYS or k in extra}
     return ModelConfig().merged(known, source=source, max_workers=max_workers)

@@ -21,7 +21,9 @@ from servetune.api.plan import RegisterParams, VersionPlan, plan_version
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, ModelStatus, Reconfigure
 from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
+from servetune.control.metrics import ControllerMetrics
 from servetune.hardware import detect_gpus
+from servetune.server.controlled import check_reachable, control_settings
 from servetune.server.model import ServedModel
 from servetune.server.placement import Placement
 from servetune.server.registry import ModelRegistry
@@ -42,6 +44,7 @@ class NativeBackend:
             ModelGauges(lambda: [(m.name, m.version, m.ready_workers, len(m.batcher)) for m in self.registry.all()])
         )
         self.metrics.register(WorkerMemoryGauges(self._worker_memory))
+        self.metrics.register(ControllerMetrics(lambda: [m.controller for m in self.registry.all() if m.controller]))
         self._workdir = Path(tempfile.mkdtemp(prefix="servetune-models-"))
         self._extracted: dict[str, Path] = {}  # model dir -> the extraction directory to delete with it
 
@@ -116,10 +119,16 @@ class NativeBackend:
                 raise ApiError.bad_archive(f"Failed to open model archive {params.url}: {exc}") from None
             raise
         self._extracted[str(archive.model_dir)] = dest
+        try:
+            control_settings(plan, self.config.max_workers_per_model)  # refused now, naming the key
+        except ApiError:
+            await self._forget(str(archive.model_dir))
+            raise
         return VersionPlan(**{**plan.__dict__, "archive": str(archive.model_dir)})
 
     async def add(self, plan: VersionPlan) -> None:
-        model = ServedModel(plan, Path(plan.archive), self.placement, self.metrics)
+        control = control_settings(plan, self.config.max_workers_per_model)
+        model = ServedModel(plan, Path(plan.archive), self.placement, self.metrics, control)
         try:
             self.registry.add(model)
         except ApiError:
@@ -128,7 +137,10 @@ class NativeBackend:
 
     async def scale(self, name: str, version: str | None, min_workers: int, max_workers: int, wait_s: float) -> bool:
         """Workers start here, so a scale always runs to its end (``wait_s`` is for backends that cannot tell)."""
-        await self.registry.get(name, version).scale(min_workers, max_workers)
+        model = self.registry.get(name, version)
+        await model.scale(min_workers, max_workers)
+        if model.control is not None and model.batch1_ms is None and min_workers > 0:
+            model.batch1_ms = await check_reachable(model, model.control)  # ApiError 400: the SLA cannot hold
         return True
 
     async def remove(self, name: str, version: str | None, grace_s: float) -> None:

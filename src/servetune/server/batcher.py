@@ -1,6 +1,7 @@
 """Dynamic batching for one model: wait for the first request, then collect up to ``batch_size``
 requests within ``max_delay`` of that request's arrival (not of the moment a worker asked, as
-TorchServe does: pytorch/serve#2478). Idle workers take turns collecting; the queue is bounded.
+TorchServe does: pytorch/serve#2478), or sooner when a controller says the oldest request would miss its deadline
+(``dispatch_by``). Idle workers take turns collecting; the queue is bounded.
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from servetune._exceptions import ServetuneError
+from servetune._exceptions import ApiError, ServetuneError
 from servetune.api.types import InferRequest, InferResult
 
 
@@ -62,6 +64,10 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._collecting = asyncio.Lock()
         self.dropped_disconnected = 0
+        # A controller's (``servetune.control``): given the first request's arrival and the requests queued, the
+        # latest time the batch may go for its oldest request to make its deadline; None: the delay alone decides.
+        self.dispatch_by: Callable[[float, int], float] | None = None
+        self.last_reason = "delay"  # why the last batch went: "full", "delay", "deadline" or "solo"
 
     def reconfigure(self, batch_size: int, max_delay_s: float) -> None:
         """New limits, used from the batch being collected on (a collector waiting for more re-checks now)."""
@@ -102,12 +108,20 @@ class Batcher:
             return False
         return True
 
+    def _discard(self, job: Job) -> None:
+        """Drop an abandoned job: the client went away (nobody to answer), or its deadline passed (a client still
+        waiting, e.g. a REST client's ``x-servetune-timeout-ms``, gets 504 at once instead of a late answer)."""
+        if not job.future.done():
+            gone = job.request.is_disconnected
+            if gone is not None and gone():
+                job.future.cancel()
+            else:
+                job.future.set_exception(ApiError.timeout("the request's deadline passed while it waited in the queue"))
+        self.dropped_disconnected += 1
+
     def _prune(self) -> None:
         while self._queue and self._queue[0].abandoned:
-            job = self._queue.popleft()
-            if not job.future.done():
-                job.future.cancel()
-            self.dropped_disconnected += 1
+            self._discard(self._queue.popleft())
 
     async def next_batch(self) -> list[Job]:
         """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost."""
@@ -118,19 +132,27 @@ class Batcher:
                     await self._wait_arrival(None)
                     self._prune()
                 if self._queue[0].solo:
+                    self.last_reason = "solo"
                     return [self._queue.popleft()]
-                deadline = self._queue[0].arrival + self.max_delay_s
+                first = self._queue[0].arrival
+                self.last_reason = "full"
                 while len(self._queue) < self.batch_size:
+                    # re-read each time: a reconfigure (a controller's) applies to the batch being collected
+                    deadline = first + self.max_delay_s
+                    reason = "delay"
+                    if self.dispatch_by is not None:
+                        latest = self.dispatch_by(first, len(self._queue))
+                        if latest < deadline:
+                            deadline, reason = latest, "deadline"
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not await self._wait_arrival(remaining):
+                        self.last_reason = reason
                         break
                 batch: list[Job] = []
                 while self._queue and len(batch) < self.batch_size and not self._queue[0].solo:
                     job = self._queue.popleft()
                     if job.abandoned:
-                        if not job.future.done():
-                            job.future.cancel()
-                        self.dropped_disconnected += 1
+                        self._discard(job)
                         continue
                     batch.append(job)
                 if batch:

@@ -12,7 +12,9 @@ from servetune._exceptions import ApiError
 from servetune.api.metrics import ApiMetrics
 from servetune.api.plan import VersionPlan
 from servetune.api.types import InferRequest, InferResult, ModelStatus, Reconfigure
+from servetune.control import Controller, ControlSettings
 from servetune.server.batcher import Batcher, Job, QueueFull
+from servetune.server.controlled import ModelActuator
 from servetune.server.placement import Demand, Placement
 from servetune.server.pool import WorkerPool
 
@@ -26,6 +28,7 @@ class ServedModel:
         model_dir: Path,
         placement: Placement,
         metrics: ApiMetrics | None = None,
+        control: ControlSettings | None = None,
     ) -> None:
         self.plan = plan
         self.model_dir = model_dir
@@ -36,6 +39,9 @@ class ServedModel:
         self.min_workers = 0
         self.max_workers = 0
         self.accepting = True
+        self.control = control  # the online controller's settings (None: knobs as configured)
+        self.controller: Controller | None = None  # started with the first workers
+        self.batch1_ms: float | None = None  # measured at registration with ``controller.probe``
 
     @property
     def name(self) -> str:
@@ -65,6 +71,8 @@ class ServedModel:
         # Queue while a worker (re)starts; refuse at once when there is none, or every one is failing to start.
         if not self.pool.serving:
             raise ApiError.no_worker(self.name)
+        if self.controller is not None:  # counts the arrival; sheds (503) what would miss its deadline
+            self.controller.admit(request.arrival, request.deadline)
         future: asyncio.Future[InferResult] = asyncio.get_running_loop().create_future()
         try:
             self.batcher.put(Job(request, future))
@@ -84,6 +92,16 @@ class ServedModel:
         self.min_workers = min_workers
         self.max_workers = max(min_workers, max_workers)
         await self.pool.scale(min_workers)
+        if self.control is not None and self.controller is None and not self.pool.closed:
+            self.controller = Controller(self.name, self.version, self.control, ModelActuator(self))
+            self.batcher.dispatch_by = self.controller.dispatch_by
+            self.controller.start()
+
+    def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
+        """Batch size and delay from the next batch formed (the controller's change: a delay may be fractional)."""
+        config = replace(self.plan.config, batch_size=batch_size, max_batch_delay_ms=round(max_batch_delay_ms))
+        self.plan = self.plan.with_config(config)
+        self.batcher.reconfigure(batch_size, max_batch_delay_ms / 1000.0)
 
     async def reconfigure(self, change: Reconfigure) -> None:
         """Batch size and delay: from the next batch the batcher forms (the handler's context follows with it).
@@ -108,6 +126,8 @@ class ServedModel:
     async def close(self, grace_s: float = 0.0) -> None:
         """Stop taking work, let queued and in-flight jobs finish within ``grace_s``, then stop every worker."""
         self.accepting = False
+        if self.controller is not None:
+            await self.controller.close()
         deadline = time.monotonic() + grace_s
         while (len(self.batcher) or self.pool.busy) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -137,7 +157,18 @@ class ServedModel:
             num_threads=plan.num_threads,
             inter_op_threads=plan.config.inter_op_threads,
             cpu_pinning=plan.cpu_pinning,
+            extra=self._control_status(),
         )
+
+    def _control_status(self) -> dict[str, Any]:
+        if self.control is None:
+            return {}
+        if self.controller is None:
+            return {"controller": {"policy": self.control.policy, "state": "not started (no workers yet)"}}
+        described = self.controller.describe()
+        if self.batch1_ms is not None:
+            described["batch1Ms"] = round(self.batch1_ms, 3)
+        return {"controller": described}
 
 
 __all__ = ["ServedModel"]

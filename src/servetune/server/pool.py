@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,8 +110,16 @@ class WorkerPool:
             placement.cores(key, self.position(slot)),
         )
         worker.on_partial = self._partials(batch, worker.worker_id)
+        controller = model.controller
+        actual_ms = math.nan
+        if controller is not None:
+            # why the batcher let it go: set by the ``next_batch`` that formed it (no await came in between)
+            reason = model.batcher.last_reason
+            oldest_ms = (started - min(j.arrival for j in batch)) * 1000.0
+            predicted_ms = controller.dispatched(worker.worker_id, len(batch))
         try:
             result = await worker.run(predict, float(model.plan.response_timeout_s))
+            actual_ms = (time.monotonic() - started) * 1000.0
         except WorkerTimeout as exc:
             log.error("model %s: %s; replacing the worker", model.name, exc)
             worker.kill()
@@ -121,6 +130,8 @@ class WorkerPool:
             raise
         finally:
             worker.on_partial = None
+            if controller is not None:  # a failed batch teaches the fit nothing (NaN), but is counted
+                controller.finished(worker.worker_id, len(batch), reason, oldest_ms, predicted_ms, actual_ms)
         if len(result.answers) != len(batch):
             message = (
                 f"worker {worker.worker_id} answered {len(result.answers)} results for a batch of {len(batch)} "

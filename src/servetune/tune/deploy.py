@@ -4,6 +4,9 @@
   (an app: one per model, all served by one server);
 - ``model-config.yaml`` (an app: ``model-config.<model>.yaml``): the same settings, for ``torch-model-archiver
   --config-file`` when rebuilding a .mar;
+- ``model-config.controller.yaml`` (an app: ``model-config.<model>.controller.yaml``): the same settings with the online
+  controller switched on (docs/controller.md): the study's SLA, the searched ranges as its bounds, shedding on; for
+  a load that moves, where one static config cannot hold the SLA at every level;
 - ``config.properties``: a server config that loads the archives at start (``models=`` repeats the settings);
 - ``serve-command.txt``: the exact ``servetune serve`` command, and other ways to serve it;
 - whatever the study's backend adds (``targets/``): on Ray, ``ray-serve-config.yaml`` for ``serve deploy``.
@@ -23,7 +26,7 @@ import yaml
 
 from servetune.archive import open_archive
 from servetune.tune.archives import trial_model_config, write_archive
-from servetune.tune.study import Config, Point, Study
+from servetune.tune.study import Config, Family, Point, Sla, Study
 from servetune.tune.targets import target_kind
 from servetune.tune.targets.base import queue_size
 
@@ -56,6 +59,24 @@ def knobs(config: Config) -> dict[str, int | bool]:
     return settings
 
 
+def controller_section(sla: Sla, family: Family) -> dict[str, Any] | None:
+    """The model-config.yaml ``controller:`` section for this family: its SLA (the per-request deadline's key), the
+    ranges the study searched as the bounds, shedding on; None when the study has no latency SLA."""
+    limits = dict(sla.limits())
+    key = next((k for k in ("p95_ms", "p99_ms", "mean_ms") if k in limits), None)
+    if key is None:
+        return None
+    return {
+        "slo": {key: limits[key]},
+        "bounds": {
+            "batch_size": [min(family.batch_sizes), max(family.batch_sizes)],
+            "max_batch_delay_ms": [min(family.batch_delays_ms), max(family.batch_delays_ms)],
+            "workers": [max(1, min(family.workers)), max(family.workers)],
+        },
+        "shed": True,
+    }
+
+
 def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: str | None = None) -> Deployment:
     """Write the artifacts (every model of an app in one server). ``served_url`` is set when tuning a running
     server (``--url``): its archive stays where it is, and only the settings are written."""
@@ -69,6 +90,7 @@ def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: 
     properties.update(study.server)
     store = folder / "model-store"
     loads, models, configs = [], {}, {}
+    extra: dict[str, Path] = {}  # the controller's model-config.yaml files
     for name, part in zip(study.model_names, winner.parts, strict=True):
         family = study.family(part.family)
         settings = knobs(part)
@@ -86,6 +108,12 @@ def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: 
         models[name] = {version: settings}
         configs[name] = folder / ("model-config.yaml" if not study.is_app else f"model-config.{name}.yaml")
         configs[name].write_text(yaml.safe_dump(config, sort_keys=False))
+        sla = study.model_spec(name).sla if study.is_app else study.sla
+        section = controller_section(sla, family)
+        if section is not None:
+            controlled = configs[name].with_name(configs[name].name.replace(".yaml", ".controller.yaml"))
+            controlled.write_text(yaml.safe_dump({**config, "controller": section}, sort_keys=False))
+            extra[controlled.name] = controlled
     if served_url is None:
         properties["model_store"] = str(store.resolve())
     properties["load_models"] = ",".join(loads)
@@ -99,7 +127,8 @@ def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: 
         command += " --model-store <the server's model store>"
     deployed = kind.deploy(study, config_properties, command, packaged=served_url is None)
     lines = [deployed.command, *(f"# or, {alternative}" for alternative in deployed.alternatives)]
+    if extra:
+        lines.append(f"# for a load that moves: rebuild the archive with {', '.join(extra)} (the online controller)")
     (folder / "serve-command.txt").write_text("\n".join(lines) + "\n")
-    return Deployment(
-        folder, deployed.command, config_properties, model_config, deployed.alternatives, deployed.files, configs
-    )
+    files = {**deployed.files, **extra}
+    return Deployment(folder, deployed.command, config_properties, model_config, deployed.alternatives, files, configs)

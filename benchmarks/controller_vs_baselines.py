@@ -1,0 +1,439 @@
+"""servetune's online controller against the published controllers, on the same seeded traces, one server, one model.
+
+    python benchmarks/controller_vs_baselines.py --quick [--json rows.json]
+    python benchmarks/controller_vs_baselines.py [--seconds 900] [--policies controller,greedy,...] [--json rows.json]
+
+The model is a known-cost one: each batch of n sleeps a + b·n ms (25 + 2.5n by default), so batching matters and the
+right answers can be computed; SLA P99 100 ms; the static winner (and greedy, aimd, lsq) on two workers, the policies
+that move workers (controller, queue, oracle) within [1, 4]. Each policy is the same archive with its own
+``controller:`` section (docs/controller.md), registered through the management API for its run and unregistered
+after: one server, the same model, the same trace (a seeded open loop, ``servetune.bench``).
+
+1. **Capacity** C: the static winner's (the largest batch inside the SLA, no delay) highest steady Poisson rate with
+   P99 inside the SLA, by bisection (6 s runs).
+2. **Moving load** (``--seconds``, 900; quick 60): a daily curve 0.2 C → 0.9 C → 0.2 C, a 2.5× step 0.3 C → 0.75 C,
+   a burst to 0.9 C (20 s; quick 3 s) over 0.4 C, Gamma arrivals of CV 2 at 0.6 C. Attainment (good answers over all
+   sent: 503s and errors are misses), share of 10 s windows inside the SLA, recovery after the step (the end of the
+   last 1 s window after the step under 99% good, from the step), CPU-seconds (server and workers) per 1,000 good.
+3. **Sustainable scale**: the largest multiplier of a short version of that trace (90 s; quick 10 s) at which the
+   policy still answers >= 99% good, by bisection (5 steps; quick 3).
+4. **Overload**: 1.5× the policy's own sustainable peak rate (60 s; quick 15 s), then 0.5 C (30 s; quick 10 s):
+   goodput during the overload over that sustainable rate, and the recovery after it.
+
+Static and oracle knobs: for this known-cost model they are computed offline from the cost and the rate (the
+static winner at the trace's peak, ``static``; at its mean, ``static-mean``; the oracle: the same for each phase at
+that phase's peak rate, knowing the trace in hindsight, on the most workers any phase needs), not searched with the
+tuner: docs/controller.md says so
+next to the figures. ``--quick``: controller, greedy, static and oracle only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import yaml
+
+from servetune.archive import create_archive
+from servetune.bench import BenchSpec, run_bench
+from servetune.bench.schedule import Schedule
+from servetune.bench.shapes import Burst, Segment, shape
+from servetune.bench.slo import Slo
+from servetune.control import Cost, decide
+from servetune.embedded import EmbeddedServer
+
+HANDLER = textwrap.dedent(
+    """
+    import time
+
+    def handle(data, context):
+        if data is None:
+            return None
+        cost = context.model_yaml_config["cost"]
+        time.sleep((cost["a_ms"] + cost["b_ms"] * len(data)) / 1000.0)
+        return ["ok"] * len(data)
+    """
+)
+ALL_POLICIES = ("controller", "greedy", "static", "static-mean", "aimd", "lsq", "queue", "oracle")
+QUICK_POLICIES = ("controller", "greedy", "static", "oracle")
+BATCH_BOUNDS = (1, 32)
+DELAY_BOUNDS = (0, 50)
+
+
+@dataclass(frozen=True)
+class Setup:
+    cost: Cost
+    sla_ms: float
+    workers: int  # the static winner's (and greedy's, aimd's, lsq's)
+    max_workers: int  # the bound of the policies that move workers (controller, queue, oracle)
+    seconds: float  # the moving trace
+    short_s: float  # the bisection's trace
+    bisect_steps: int
+    overload_s: float
+    after_s: float
+    burst_s: float
+    quick: bool
+
+
+@dataclass(frozen=True)
+class Phase:
+    seconds: float
+    peak_fraction: float  # of C: the phase's highest rate, for the oracle's knobs
+    segment: Segment
+
+
+def phases(setup: Setup, c: float, scale: float = 1.0, seconds: float | None = None) -> list[Phase]:
+    """The moving trace's phases, ``seconds`` long in all, rates ``scale`` times those of the issue."""
+    total = seconds or setup.seconds
+    k = c * scale
+    burst_s = min(setup.burst_s, 0.1 * total)
+    parts = [
+        (0.40, 0.9, Segment(0.40 * total, diurnal=(0.2 * k, 0.9 * k))),
+        (0.10, 0.3, Segment(0.10 * total, 0.3 * k)),
+        (0.10, 0.75, Segment(0.10 * total, 0.75 * k)),
+        (0.15, 0.9, Segment(0.15 * total, 0.4 * k, burst=Burst(0.05 * total, burst_s, 0.5 * k))),
+        (0.25, 0.6, Segment(0.25 * total, 0.6 * k, process="gamma", cv=2.0)),
+    ]
+    return [Phase(share * total, peak * scale, segment) for share, peak, segment in parts]
+
+
+def schedule_of(parts: list[Phase], seed: int) -> Schedule:
+    return shape([p.segment for p in parts], process="poisson", seed=seed)
+
+
+# ---- the policies' archives ----------------------------------------------------------------------------------
+
+
+def knobs_for(setup: Setup, rate: float, workers: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The best static config for a steady ``rate``, from the known cost (the law's offline answer, no margin):
+    with ``workers`` bounds, the fewest workers that carry it; else the static winner's workers."""
+    w = workers or (setup.workers, setup.workers)
+    law = decide(setup.cost, rate, setup.sla_ms, 0.0, BATCH_BOUNDS, DELAY_BOUNDS, w)
+    k = law.knobs
+    return {"batch_size": k.batch_size, "max_batch_delay_ms": k.max_batch_delay_ms, "workers": k.workers}
+
+
+def controller_section(setup: Setup, policy: str, c: float, parts: list[Phase], mean_rate: float) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "slo": {"p99_ms": setup.sla_ms},
+        "bounds": {
+            "batch_size": list(BATCH_BOUNDS),
+            "max_batch_delay_ms": list(DELAY_BOUNDS),
+            "workers": [setup.workers, setup.workers],
+        },
+    }
+    elastic = [1, setup.max_workers]  # the policies that move workers may use up to max_workers
+    if policy == "controller":
+        section["shed"] = True
+        section["bounds"]["workers"] = elastic
+    elif policy in ("static", "static-mean"):
+        rate = c * max(p.peak_fraction for p in parts) if policy == "static" else mean_rate
+        section["policy"] = "static"
+        section["static"] = knobs_for(setup, rate)
+    elif policy == "oracle":
+        # per phase the best static batching at the phase's peak; workers held at the most any phase needs (a worker
+        # takes a second or more to start: switching them at a phase's start would cost the oracle its first second)
+        section["policy"] = "oracle"
+        until = 0.0
+        section["phases"] = []
+        each = [knobs_for(setup, p.peak_fraction * c, (1, setup.max_workers)) for p in parts]
+        most = max(k["workers"] for k in each)
+        for p in parts:
+            until += p.seconds
+            held = knobs_for(setup, p.peak_fraction * c, (most, most))
+            section["phases"].append({"until_s": round(until, 3), **held})
+        section["phases"][-1]["until_s"] = 1e9
+        section["bounds"]["workers"] = [most, most]
+    elif policy == "queue":
+        section["policy"] = "queue"
+        section["bounds"]["workers"] = elastic
+    else:
+        section["policy"] = policy
+    return section
+
+
+def build_archive(store: Path, setup: Setup, name: str, section: dict[str, Any]) -> str:
+    src = Path(tempfile.mkdtemp(prefix=f"src-{name}-", dir=store))
+    (src / "handler.py").write_text(HANDLER)
+    config = {"batchSize": 8, "maxBatchDelay": 0, "cost": {"a_ms": setup.cost.a_ms, "b_ms": setup.cost.b_ms}}
+    if section:
+        config["controller"] = section
+    (src / "model-config.yaml").write_text(yaml.safe_dump(config))
+    path = create_archive(
+        model_name=name,
+        version="1.0",
+        handler=str(src / "handler.py"),
+        config_file=str(src / "model-config.yaml"),
+        export_path=str(store),
+        force=True,
+    )
+    return Path(path).name
+
+
+# ---- the server ---------------------------------------------------------------------------------------------
+
+
+def call(url: str, method: str) -> tuple[int, Any]:
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=300)
+    try:
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""))
+        resp = conn.getresponse()
+        body = resp.read()
+        return resp.status, json.loads(body) if body else None
+    finally:
+        conn.close()
+
+
+class Bench:
+    def __init__(self, server: EmbeddedServer, store: Path, setup: Setup, body: Path) -> None:
+        self.server, self.store, self.setup, self.body = server, store, setup, body
+        self.runs = 0
+
+    def register(self, section: dict[str, Any], workers: int) -> str:
+        self.runs += 1
+        name = f"m{self.runs}"
+        archive = build_archive(self.store, self.setup, name, section)
+        query = urllib.parse.urlencode({"url": archive, "initial_workers": workers, "synchronous": "true"})
+        status, body = call(f"{self.server.management_url}/models?{query}", "POST")
+        if status != 200:
+            raise RuntimeError(f"registering {name}: {status} {body}")
+        return name
+
+    def cpu_s(self) -> float:
+        assert self.server.proc is not None
+        try:
+            root = psutil.Process(self.server.proc.pid)
+            total = 0.0
+            for p in [root, *root.children(recursive=True)]:
+                with_children = p.cpu_times()
+                total += with_children.user + with_children.system
+            return total
+        except psutil.NoSuchProcess:
+            return math.nan
+
+    def run(self, section: dict[str, Any], schedule: Schedule, workers: int) -> dict[str, Any]:
+        """Register, replay ``schedule`` (open loop, judged against the SLA), describe, unregister."""
+        name = self.register(section, workers)
+        try:
+            cpu0 = self.cpu_s()
+            spec = BenchSpec(
+                url=f"{self.server.inference_url}/predictions/{name}",
+                input=self.body,
+                schedule=schedule,
+                slo=Slo(p99_ms=self.setup.sla_ms),
+                window_s=10.0,
+                timeout=30.0,
+            )
+            result = run_bench(spec)
+            cpu = self.cpu_s() - cpu0
+            status, described = call(f"{self.server.management_url}/models/{name}", "GET")
+            controller = described[0].get("controller", {}) if status == 200 else {}
+        finally:
+            call(f"{self.server.management_url}/models/{name}", "DELETE")
+        rec = result.samples
+        assert rec is not None and result.slo is not None
+        start = np.frombuffer(rec.start_s, dtype=np.float64)
+        latency = np.frombuffer(rec.latency_ms, dtype=np.float64)
+        status_codes = np.frombuffer(rec.status, dtype=np.int32)
+        good = (status_codes >= 200) & (status_codes < 300) & (latency <= self.setup.sla_ms)
+        return {
+            "start": start,
+            "good": good,
+            "attainment": result.slo.attainment,
+            "windows_in_sla": result.slo.windows_share,
+            "cpu_s_per_1000": 1000.0 * cpu / max(1, int(good.sum())),
+            "knob_changes": int(controller.get("knobChanges", 0)),
+            "shed": int(controller.get("shed", 0)),
+            "p99_ms": result.latency.p99_ms if result.latency else math.nan,
+        }
+
+
+def recovery_s(run: dict[str, Any], at: float, until: float, window: float = 1.0) -> float:
+    """From ``at``, the end of the last ``window`` before ``until`` whose requests were under 99% good (0: none)."""
+    start, good = run["start"], run["good"]
+    last_bad = at
+    t = at
+    while t < until - 1e-9:
+        inside = (start >= t) & (start < t + window)
+        if inside.sum() and good[inside].mean() < 0.99:
+            last_bad = t + window
+        t += window
+    return last_bad - at
+
+
+# ---- the three scores ---------------------------------------------------------------------------------------
+
+
+def capacity(bench: Bench, setup: Setup, log: Any) -> float:
+    """The static winner's highest steady rate with P99 inside the SLA (bisection over 6 s Poisson runs)."""
+    cost, w = setup.cost, setup.workers
+    top = decide(cost, 1e9, setup.sla_ms, 0.0, BATCH_BOUNDS, DELAY_BOUNDS, (w, w)).knobs.batch_size
+    ideal = w * top / cost.t(top) * 1000.0
+    winner = {"batch_size": top, "max_batch_delay_ms": 0, "workers": w}
+    section = {"slo": {"p99_ms": setup.sla_ms}, "policy": "static", "static": winner}
+    low, high = 0.3 * ideal, 1.05 * ideal
+    for step in range(4 if setup.quick else 6):
+        rate = (low + high) / 2
+        run = bench.run(section, Schedule.steady(rate, "poisson", seconds=6.0, seed=100 + step), w)
+        inside = run["p99_ms"] <= setup.sla_ms and run["attainment"] >= 0.99
+        log(f"  capacity: {rate:.0f} req/s -> P99 {run['p99_ms']:.1f} ms, {'inside' if inside else 'outside'}")
+        low, high = (rate, high) if inside else (low, rate)
+    log(f"capacity C = {low:.0f} req/s (static winner: batch {top}, no delay, {w} workers; ideal {ideal:.0f})")
+    return low
+
+
+def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any) -> dict[str, Any]:
+    w = setup.workers
+    parts = phases(setup, c)
+    moving = schedule_of(parts, seed)
+    mean_rate = len(moving) / moving.duration_s
+    section = controller_section(setup, policy, c, parts, mean_rate)
+    run = bench.run(section, moving, w)
+    step_at = sum(p.seconds for p in parts[:2])
+    recovery = recovery_s(run, step_at, step_at + parts[2].seconds)
+    log(
+        f"  {policy}: moving load: attainment {100 * run['attainment']:.2f}%, "
+        f"windows {100 * run['windows_in_sla']:.0f}%, recovery {recovery:.1f} s, "
+        f"{run['cpu_s_per_1000']:.2f} CPU-s/1000 good, {run['knob_changes']} changes"
+    )
+    # sustainable scale: bisection on the short trace, each policy configured for that scale (the oracle knows it)
+    low, high = 0.5, 2.0
+    for step in range(setup.bisect_steps):
+        k = (low + high) / 2
+        short = phases(setup, c, k, setup.short_s)
+        sec = controller_section(setup, policy, c, short, len(schedule_of(short, seed)) / setup.short_s)
+        if policy == "static":  # the static winner is the one measured at scale 1
+            sec = section
+        trial = bench.run(sec, schedule_of(short, seed + 1 + step), w)
+        ok = trial["attainment"] >= 0.99
+        log(f"    scale {k:.2f}: attainment {100 * trial['attainment']:.2f}% {'ok' if ok else 'no'}")
+        low, high = (k, high) if ok else (low, k)
+    sustainable = low
+    # overload: 1.5x the policy's own sustainable peak rate, then 0.5 C
+    rate = 0.9 * c * sustainable
+    over = Schedule.steady(1.5 * rate, "poisson", seconds=setup.overload_s, seed=seed + 50).then(
+        Schedule.steady(0.5 * c, "poisson", seconds=setup.after_s, seed=seed + 51)
+    )
+    overload_parts = [Phase(setup.overload_s, 1.5 * 0.9 * sustainable, Segment(setup.overload_s, 1.5 * rate))]
+    overload_parts.append(Phase(1e9, 0.5, Segment(setup.after_s, 0.5 * c)))
+    sec = section if policy in ("static", "static-mean") else controller_section(setup, policy, c, overload_parts, rate)
+    trial = bench.run(sec, over, w)
+    during = trial["start"] < setup.overload_s
+    goodput = trial["good"][during].sum() / setup.overload_s / rate
+    back = recovery_s(trial, setup.overload_s, setup.overload_s + setup.after_s)
+    log(f"    overload: goodput {goodput:.2f} of {rate:.0f} req/s, recovery {back:.1f} s")
+    return {
+        "model": f"known-cost {setup.cost.a_ms:g}+{setup.cost.b_ms:g}n ms",
+        "policy": policy,
+        "attainment": round(run["attainment"], 5),
+        "windows_in_sla": round(run["windows_in_sla"], 3),
+        "recovery_s": round(recovery, 2),
+        "sustainable_scale": round(sustainable, 3),
+        "overload_goodput": round(float(goodput), 3),
+        "overload_recovery_s": round(back, 2),
+        "cpu_s_per_1000": round(run["cpu_s_per_1000"], 3),
+        "knob_changes": run["knob_changes"],
+        "shed": run["shed"],
+        "p99_ms": round(run["p99_ms"], 2),
+        "capacity_rps": round(c, 1),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("policy", "attain %", "win %", "recov s", "scale", "ovl gp", "ovl rec s", "CPU-s/1k", "changes", "P99 ms")
+    lines = [" ".join(f"{h:>10}" for h in head)]
+    for r in rows:
+        values = (
+            r["policy"],
+            f"{100 * r['attainment']:.2f}",
+            f"{100 * r['windows_in_sla']:.0f}",
+            f"{r['recovery_s']:.1f}",
+            f"{r['sustainable_scale']:.2f}",
+            f"{r['overload_goodput']:.2f}",
+            f"{r['overload_recovery_s']:.1f}",
+            f"{r['cpu_s_per_1000']:.2f}",
+            str(r["knob_changes"]),
+            f"{r['p99_ms']:.1f}",
+        )
+        lines.append(" ".join(f"{v:>10}" for v in values))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="60 s traces; controller, greedy, static, oracle")
+    parser.add_argument("--seconds", type=float, default=900.0, help="the moving trace's length (full run)")
+    parser.add_argument("--policies", default=None, help=f"comma-separated, of {', '.join(ALL_POLICIES)}")
+    parser.add_argument("--a-ms", type=float, default=25.0, help="the model's fixed cost per batch")
+    parser.add_argument("--b-ms", type=float, default=2.5, help="the model's cost per request")
+    parser.add_argument("--sla-ms", type=float, default=100.0, help="P99 SLA")
+    parser.add_argument("--workers", type=int, default=2, help="the static winner's workers (C is measured with them)")
+    parser.add_argument("--max-workers", type=int, default=4, help="bound for the policies that move workers")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = parser.parse_args()
+    quick = args.quick
+    setup = Setup(
+        cost=Cost(args.a_ms, args.b_ms),
+        sla_ms=args.sla_ms,
+        workers=args.workers,
+        max_workers=args.max_workers,
+        seconds=60.0 if quick else args.seconds,
+        short_s=10.0 if quick else 90.0,
+        bisect_steps=3 if quick else 5,
+        overload_s=15.0 if quick else 60.0,
+        after_s=10.0 if quick else 30.0,
+        burst_s=3.0 if quick else 20.0,
+        quick=quick,
+    )
+    policies = args.policies.split(",") if args.policies else list(QUICK_POLICIES if quick else ALL_POLICIES)
+    unknown = [p for p in policies if p not in ALL_POLICIES]
+    if unknown:
+        parser.error(f"--policies: unknown {unknown}; expected some of {', '.join(ALL_POLICIES)}")
+    started = time.monotonic()
+
+    def log(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {text}", flush=True)
+
+    log(f"loadavg before: {open('/proc/loadavg').read().split()[:3]}; {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="controller-bench-") as tmp:
+        store = Path(tmp) / "store"
+        store.mkdir()
+        body = Path(tmp) / "body.bin"
+        body.write_bytes(b"x" * 64)
+        properties = {
+            "disable_token_authorization": "true",
+            "enable_model_api": "true",
+            "default_workers_per_model": "1",
+        }
+        with EmbeddedServer(store, {}, properties, workdir=Path(tmp) / "server") as server:
+            bench = Bench(server, store, setup, body)
+            c = capacity(bench, setup, log)
+            rows = []
+            for policy in policies:
+                rows.append(score(bench, setup, policy, c, args.seed, log))
+    print()
+    print(f"known-cost model {setup.cost.a_ms:g} + {setup.cost.b_ms:g}·n ms, {setup.workers} workers, SLA P99 "
+          f"{setup.sla_ms:g} ms, C = {c:.0f} req/s, moving trace {setup.seconds:g} s")  # fmt: skip
+    print(table(rows))
+    log(f"done; loadavg after: {open('/proc/loadavg').read().split()[:3]}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

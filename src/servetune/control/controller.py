@@ -1,0 +1,297 @@
+"""One model version's controller: it measures (arrivals, every batch's time), asks its policy for knobs every tick,
+acts through the backend's in-place changes (an :class:`Actuator`), sheds what cannot make its deadline, and logs
+and counts every decision. Backend-neutral: the native server's model is its actuator (``server/model.py``).
+
+What each request costs it: one counter (the arrival), and with shedding one completion prediction
+(``law.completion_ms``); what each batch costs: the fit's update and one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from servetune._exceptions import ApiError
+from servetune.control.decisions import DecisionLog
+from servetune.control.estimate import RateMeter, ServiceFit
+from servetune.control.law import SLACK_MS, Cost, completion_ms
+from servetune.control.policy import BatchSeen, Decision, View, make_policy
+from servetune.control.settings import ControlSettings, Knobs
+
+log = logging.getLogger("servetune.control")
+
+REASONS = ("full", "delay", "deadline", "solo")
+ERROR_DECAY = 0.98
+MARGIN_SHARE = 0.15
+
+
+class Actuator(Protocol):
+    """What a backend lets the controller read and move, in place (the management API's own changes)."""
+
+    def knobs(self) -> Knobs:
+        """The knobs as they are now."""
+        ...
+
+    def queue_length(self) -> int: ...
+
+    def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
+        """From the next batch formed on."""
+        ...
+
+    async def set_workers(self, workers: int) -> None:
+        """Start or retire workers (raises ApiError when the host's cores cannot hold them)."""
+        ...
+
+
+class Controller:
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        settings: ControlSettings,
+        actuator: Actuator,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.settings = settings
+        self.actuator = actuator
+        self.clock = clock
+        self.policy = make_policy(settings, actuator.knobs())
+        self.meter = RateMeter()
+        self.fit = ServiceFit()
+        self.log = DecisionLog(settings.log, settings.log_max_bytes)
+        self.started = clock()
+        self.inflight: dict[str, tuple[float, float]] = {}  # worker -> (dispatched at, predicted ms)
+        self.batches = dict.fromkeys(REASONS, 0)
+        self.shed_count = 0
+        self.knob_changes = 0
+        self.predicted_ms_sum = 0.0  # over the batches that had a prediction
+        self.actual_ms_sum = 0.0
+        self.predicted_batches = 0
+        self.margin_ms = 0.0
+        self._err2 = 0.0  # the predictions' squared error, averaged over the last ~50 batches
+        self.last_error = ""
+        self._running_requests = 0  # requests in the batches running (Ray's ongoing requests, with the queue)
+        self._cost: Cost | None = None
+        self._scaling: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._worker_cap: int | None = None  # the most workers the host held when more were refused
+
+    # ---- life --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.started = self.clock()
+        self._task = asyncio.create_task(self._loop(), name=f"controller-{self.name}-{self.version}")
+
+    async def close(self) -> None:
+        for task in (self._task, self._scaling):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self.log.close()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # the controller's fault must never stop the model serving
+                log.exception("controller of %s version %s: tick failed", self.name, self.version)
+
+    # ---- what a policy sees ------------------------------------------------------------------
+
+    def view(self) -> View:
+        now = self.clock()
+        queue = self.actuator.queue_length()
+        ongoing = queue + self._running_requests
+        return View(
+            now=now,
+            elapsed_s=now - self.started,
+            rate=self.meter.rate(now),
+            queue=queue,
+            ongoing=ongoing,
+            knobs=self.actuator.knobs(),
+            settings=self.settings,
+            fit=self.fit,
+            margin_ms=self.margin_ms,
+        )
+
+    async def tick(self) -> None:
+        """Ask the policy, apply what it decided (workers on their own task: a worker takes seconds to start)."""
+        # the margin: twice the predictions' recent RMS error, at most MARGIN_SHARE of the target
+        self.margin_ms = min(2.0 * math.sqrt(self._err2), MARGIN_SHARE * self.settings.target_ms)
+        self._refresh_cost()
+        view = self.view()
+        decision = self.policy.decide(view)
+        if decision is not None:
+            self.apply(view, decision)
+        self.log.flush()
+
+    def _refresh_cost(self) -> None:
+        found = self.fit.coefficients()
+        if found is not None:
+            self._cost = Cost(*found)
+            return
+        seen = self.fit.mean()
+        # b not told yet: admission takes a batch to cost what the batches seen cost, whatever its size (it sheds
+        # only what is late even so), and the policy leaves the knobs as registered
+        self._cost = Cost(seen[1], 0.0) if seen is not None else None
+
+    def apply(self, view: View, decision: Decision) -> None:
+        old, new = view.knobs, decision.knobs
+        if self._worker_cap is not None and new.workers > self._worker_cap:
+            new = Knobs(new.batch_size, new.max_batch_delay_ms, self._worker_cap)
+        if new == old:
+            return
+        if (new.batch_size, new.max_batch_delay_ms) != (old.batch_size, old.max_batch_delay_ms):
+            self.actuator.set_batching(new.batch_size, new.max_batch_delay_ms)
+        if new.workers != old.workers:
+            if self._scaling is not None and not self._scaling.done():
+                new = Knobs(new.batch_size, new.max_batch_delay_ms, old.workers)  # one scale at a time
+            else:
+                self._scaling = asyncio.create_task(self._scale(new.workers))
+        if new == old:
+            return
+        self.knob_changes += 1
+        self.log.change(
+            {
+                "t": round(view.elapsed_s, 3),
+                "kind": "knobs",
+                "policy": self.policy.name,
+                "old": old.to_json(),
+                "new": new.to_json(),
+                "rate": round(view.rate, 1),
+                "queue": view.queue,
+                "why": decision.why,
+            }
+        )
+
+    async def _scale(self, workers: int) -> None:
+        try:
+            await self.actuator.set_workers(workers)
+        except ApiError as exc:  # the host's cores are held by other models: stay within what fits
+            self._worker_cap = self.actuator.knobs().workers
+            self.last_error = exc.message
+            log.warning("controller of %s: %d workers refused: %s", self.name, workers, exc.message)
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.exception("controller of %s: scaling to %d workers failed", self.name, workers)
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def admit(self, arrival: float, deadline: float | None) -> None:
+        """Count the arrival; with shedding, raise ApiError 503 (Retry-After) when the request is predicted to miss
+        its deadline: the SLA's (arrival + target), or the client's own when sooner."""
+        self.meter.arrive(arrival)
+        if not self.policy.shed:
+            return
+        cost = self._cost
+        if cost is None:
+            return
+        limit = arrival + self.settings.target_ms / 1000.0
+        if deadline is not None and deadline < limit:
+            limit = deadline
+        now = self.clock()
+        knobs = self.actuator.knobs()
+        busy = [(start + predicted / 1000.0 - now) * 1000.0 for start, predicted in self.inflight.values()]
+        queue = self.actuator.queue_length()
+        wait_ms = completion_ms(cost, queue, knobs.batch_size, busy, knobs.workers, knobs.max_batch_delay_ms)
+        # the answer must also cross the frontend and the network inside the deadline, and the prediction may err
+        if now + (wait_ms + self.margin_ms + SLACK_MS) / 1000.0 <= limit:
+            return
+        self.shed_count += 1
+        retry = max(1, math.ceil(wait_ms / 1000.0))
+        raise ApiError(
+            f"Model {self.name} would answer in {wait_ms:.0f} ms, past the request's deadline "
+            f"({(limit - arrival) * 1000.0:.0f} ms after its arrival): shed (retry after {retry} s)",
+            503,
+            "ServiceUnavailableException",
+            {"Retry-After": str(retry)},
+        )
+
+    def dispatch_by(self, first_arrival: float, queued: int) -> float:
+        """The latest time the batch that ``first_arrival`` opened may go and its oldest request still make the SLA
+        (infinity when the policy does not dispatch on deadlines, or before the cost is known)."""
+        cost = self._cost
+        if cost is None or not self.policy.deadline_dispatch:
+            return math.inf
+        n = min(queued, self.actuator.knobs().batch_size)
+        return first_arrival + (self.settings.target_ms - cost.t(n) - self.margin_ms - SLACK_MS) / 1000.0
+
+    # ---- batches -----------------------------------------------------------------------------
+
+    def dispatched(self, worker: str, size: int) -> float:
+        """A batch went to ``worker``; returns its predicted time (ms; NaN before the cost is known)."""
+        cost = self._cost
+        predicted = cost.t(size) if cost is not None else math.nan
+        self.inflight[worker] = (self.clock(), predicted if cost is not None else 0.0)
+        self._running_requests += size
+        return predicted
+
+    def finished(
+        self, worker: str, size: int, reason: str, oldest_queue_ms: float, predicted_ms: float, actual_ms: float
+    ) -> None:
+        """The batch ``dispatched`` announced is answered (or failed: then ``actual_ms`` is NaN and nothing is
+        learnt from it)."""
+        self.inflight.pop(worker, None)
+        self._running_requests = max(0, self._running_requests - size)
+        self.batches[reason] = self.batches.get(reason, 0) + 1
+        if math.isnan(actual_ms):
+            return
+        self.fit.add(size, actual_ms)
+        if not math.isnan(predicted_ms):
+            error = actual_ms - predicted_ms
+            self._err2 = ERROR_DECAY * self._err2 + (1.0 - ERROR_DECAY) * error * error
+            self.predicted_batches += 1
+            self.predicted_ms_sum += predicted_ms
+            self.actual_ms_sum += actual_ms
+        known = None if math.isnan(predicted_ms) else predicted_ms
+        self.policy.observe(BatchSeen(size, reason, oldest_queue_ms, known, actual_ms, worker))
+        self.log.batch(
+            {
+                "t": round(self.clock() - self.started, 4),
+                "kind": "batch",
+                "worker": worker,
+                "reason": reason,
+                "size": size,
+                "oldest_queue_ms": round(oldest_queue_ms, 3),
+                "predicted_ms": None if math.isnan(predicted_ms) else round(predicted_ms, 3),
+                "actual_ms": round(actual_ms, 3),
+            }
+        )
+
+    # ---- describe ----------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        now = self.clock()
+        found = self.fit.coefficients()
+        knobs = self.actuator.knobs()
+        return {
+            "policy": self.policy.name,
+            "settings": self.settings.to_json(),
+            "state": "fitted" if found is not None else ("measuring" if self.fit.count else "waiting"),
+            "knobs": knobs.to_json(),
+            "arrivalRate": round(self.meter.rate(now), 2),
+            "fit": {
+                "a_ms": round(found[0], 3) if found else None,
+                "b_ms": round(found[1], 3) if found else None,
+                "spread_ms": round(self.fit.spread_ms(), 3),
+                "margin_ms": round(self.margin_ms, 3),
+                "batches": self.fit.count,
+            },
+            "batches": dict(self.batches),
+            "shed": self.shed_count,
+            "knobChanges": self.knob_changes,
+            "recentChanges": list(self.log.recent),
+            **({"lastError": self.last_error} if self.last_error else {}),
+        }
+
+
+__all__ = ["REASONS", "Actuator", "Controller"]

@@ -1,0 +1,133 @@
+"""What the controller measures as it serves: the arrival rate (:class:`RateMeter`) and each knob set's service time,
+a batch of n taking a + b·n (:class:`ServiceFit`, a least-squares fit that forgets old batches).
+
+Both are O(1) per request or batch: an arrival adds one to a counter, a batch updates five sums.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class RateMeter:
+    """Arrivals per second over the last ``window_s``, counted in bins of ``bin_s``: a step in the load shows in full
+    after ``window_s`` (0.5 s by default), and half of it after half that."""
+
+    def __init__(self, bin_s: float = 0.05, window_s: float = 0.5) -> None:
+        self.bin_s = bin_s
+        self._n = max(2, round(window_s / bin_s))
+        self._counts = [0] * self._n
+        self._bin = 0
+        self.total = 0
+
+    def arrive(self, now: float) -> None:
+        b = int(now / self.bin_s)
+        if b != self._bin:
+            self._advance(b)
+        self._counts[b % self._n] += 1
+        self.total += 1
+
+    def _advance(self, b: int) -> None:
+        if b - self._bin >= self._n:
+            self._counts = [0] * self._n
+        else:
+            for i in range(self._bin + 1, b + 1):
+                self._counts[i % self._n] = 0
+        self._bin = b
+
+    def rate(self, now: float) -> float:
+        """Arrivals per second: the full bins of the window, and the current bin's part elapsed."""
+        b = int(now / self.bin_s)
+        if b != self._bin:
+            self._advance(b)
+        elapsed = (self._n - 1) * self.bin_s + (now - b * self.bin_s)
+        return sum(self._counts) / elapsed if elapsed > 0 else 0.0
+
+
+@dataclass
+class _Sums:
+    w: float = 0.0
+    n: float = 0.0
+    nn: float = 0.0
+    t: float = 0.0
+    nt: float = 0.0
+    tt: float = 0.0
+    count: int = 0
+
+
+class ServiceFit:
+    """A batch's time as a + b·n (milliseconds), fitted by least squares over the batches served, each older batch
+    weighing ``decay`` times less (0.99: the last ~100 batches count most), so that the fit follows a model whose cost
+    drifts (another model sharing the cores). Where the batches seen were all of one size, b is unknown: a larger
+    batch is predicted to cost in proportion (pessimistic), a smaller one as much (pessimistic too)."""
+
+    def __init__(self, decay: float = 0.99) -> None:
+        self.decay = decay
+        self._s = _Sums()
+        self._last: tuple[float, float] | None = None  # the last (a, b) told: kept while one batch size is seen
+
+    @property
+    def count(self) -> int:
+        return self._s.count
+
+    def add(self, n: int, t_ms: float) -> None:
+        s, d = self._s, self.decay
+        s.w = s.w * d + 1.0
+        s.n = s.n * d + n
+        s.nn = s.nn * d + n * n
+        s.t = s.t * d + t_ms
+        s.nt = s.nt * d + n * t_ms
+        s.tt = s.tt * d + t_ms * t_ms
+        s.count += 1
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(a, b) in ms, both >= 0; None until b can be told (batches of two sizes seen). While the recent batches
+        are all of one size (low load: every batch is one request) the last (a, b) told stands."""
+        s = self._s
+        if s.w <= 0:
+            return None
+        mean_n, mean_t = s.n / s.w, s.t / s.w
+        var_n = s.nn / s.w - mean_n * mean_n
+        if var_n < 0.05:
+            return self._last
+        b = (s.nt / s.w - mean_n * mean_t) / var_n
+        b = max(0.0, b)
+        a = mean_t - b * mean_n
+        if a < 0:  # no fixed cost seen: a line through the origin
+            a, b = 0.0, (s.nt / s.w) / (s.nn / s.w)
+        self._last = (a, b)
+        return a, b
+
+    def mean(self) -> tuple[float, float] | None:
+        """(mean batch size, mean batch time ms) of the batches weighed, None before any."""
+        s = self._s
+        return (s.n / s.w, s.t / s.w) if s.w > 0 else None
+
+    def spread_ms(self) -> float:
+        """The residual standard deviation of batch times around the fit (ms): the law's margin."""
+        s = self._s
+        if s.w <= 1:
+            return 0.0
+        fit = self.coefficients()
+        if fit is None:
+            mean_t = s.t / s.w
+            return math.sqrt(max(0.0, s.tt / s.w - mean_t * mean_t))
+        a, b = fit
+        # E[(t - a - b n)^2] from the sums
+        resid = s.tt - 2 * a * s.t - 2 * b * s.nt + a * a * s.w + 2 * a * b * s.n + b * b * s.nn
+        return math.sqrt(max(0.0, resid / s.w))
+
+    def predict(self, n: int) -> float | None:
+        """A batch of ``n``'s time (ms); None before any batch was seen."""
+        fit = self.coefficients()
+        if fit is not None:
+            return fit[0] + fit[1] * n
+        seen = self.mean()
+        if seen is None:
+            return None
+        mean_n, mean_t = seen
+        return mean_t * n / mean_n if n > mean_n else mean_t
+
+
+__all__ = ["RateMeter", "ServiceFit"]

@@ -1,0 +1,149 @@
+"""The control law, as pure functions of what was measured: the model's cost t(n) = a + b·n per batch of n (one
+worker, its threads), the arrival rate λ, the SLA's latency L and the knobs' bounds. docs/controller.md derives it.
+
+1. **Batch cap** n_cap: the largest batch within bounds whose worst case fits the SLA: a request may find every
+   worker busy with a full batch, wait for the first to free (under load greedy dispatch staggers the W workers'
+   batches: within t(n)/W), wait out the batch delay d, then run in its own batch:
+   ``d + (1 + 1/W)·t(n_cap) <= L - m`` (m: the predictions' error margin plus the frontend's slack).
+2. **Workers** W: the fewest within bounds whose capacity at n_cap keeps each worker busy at most ρ = 0.8 of the time:
+   ``W·n_cap / t(n_cap) >= λ / ρ`` (n_cap for the fewest workers first, then for the W chosen).
+3. **Delay** d: its lower bound. Waiting never shortens a request's latency, and with workers that do not share a
+   resource it does not raise capacity either: while the workers are busy the queue forms the batch the load needs
+   by itself (greedy dispatch settles where (λ/W)·t(n) = n), and the cap bounds it. What the load needs,
+   n_need = the smallest batch with ``(λ/W)·t(n) <= ρ·n``, decides whether the knobs can hold the load at all
+   (``feasible``: n_need <= n_cap).
+
+Admission (:func:`completion_ms`): a request's completion is predicted from the requests ahead of it, the workers'
+running batches and t(n); a request predicted to finish after its deadline is shed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from servetune.control.settings import Knobs
+
+RHO = 0.8  # the busy share per worker the law keeps under: headroom for bursts and the fit's error
+SLACK_MS = 2.0  # the host's scheduling and the frontend's own time, per request
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A batch of n takes ``a_ms + b_ms * n`` on one worker."""
+
+    a_ms: float
+    b_ms: float
+
+    def t(self, n: float) -> float:
+        return self.a_ms + self.b_ms * n
+
+
+@dataclass(frozen=True)
+class LawResult:
+    """The knobs the law chose, and the figures behind them (the decision log records these)."""
+
+    knobs: Knobs
+    rate: float
+    n_need: int
+    utilization: float  # each worker's predicted busy share at these knobs
+    worst_ms: float  # the predicted worst latency: d + (1 + 1/W)·t(n_cap)
+    feasible: bool  # False: even the bounds' most cannot hold the SLA at this load (the best effort is chosen)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "rate": round(self.rate, 1),
+            "n_need": self.n_need,
+            "utilization": round(self.utilization, 3),
+            "worst_ms": round(self.worst_ms, 2),
+            "feasible": self.feasible,
+        }
+
+
+def wait_factor(workers: int) -> float:
+    """A request's worst case in batch times: its own batch, after the first of ``workers`` workers frees. Under
+    load, greedy dispatch staggers the workers' batches, so the first frees within t(n)/W: 1 + 1/W."""
+    return 1.0 + 1.0 / max(1, workers)
+
+
+def batch_cap(cost: Cost, budget_ms: float, delay_ms: float, bounds: tuple[int, int], workers: int = 1) -> int:
+    """The largest n in ``bounds`` with ``delay + (1 + 1/W)·t(n) <= budget`` (the bounds' low end when none fits)."""
+    room = (budget_ms - delay_ms) / wait_factor(workers) - cost.a_ms
+    if cost.b_ms <= 0:
+        return bounds[1] if room >= 0 else bounds[0]
+    n = math.floor(room / cost.b_ms + 1e-9)
+    return max(bounds[0], min(bounds[1], n))
+
+
+def batch_needed(cost: Cost, rate: float, workers: int, rho: float = RHO) -> int | None:
+    """The smallest n with ``(rate / workers)·t(n) <= rho·n``; None when no batch size is enough."""
+    per_worker = rate / workers / 1000.0  # requests per ms
+    if per_worker <= 0:
+        return 1
+    room = rho - per_worker * cost.b_ms
+    if room <= 0:
+        return None
+    return max(1, math.ceil(per_worker * cost.a_ms / room - 1e-9))
+
+
+def decide(
+    cost: Cost,
+    rate: float,
+    target_ms: float,
+    margin_ms: float,
+    batch_bounds: tuple[int, int],
+    delay_bounds: tuple[int, int],
+    worker_bounds: tuple[int, int],
+) -> LawResult:
+    """The law's knobs for this cost, rate and SLA (see the module). ``worker_bounds`` = (W, W) holds workers."""
+    budget = target_ms - margin_ms - SLACK_MS
+    delay = float(delay_bounds[0])
+    # 2. workers: the fewest that carry the load under rho at the cap the fewest allow (then the cap for them)
+    n_cap = batch_cap(cost, budget, delay, batch_bounds, worker_bounds[0])
+    capacity = n_cap / cost.t(n_cap) * 1000.0  # requests per second per worker
+    workers = max(worker_bounds[0], min(worker_bounds[1], math.ceil(rate / (RHO * capacity) - 1e-9)))
+    n_cap = batch_cap(cost, budget, delay, batch_bounds, workers)
+    # 3. the delay: its lower bound; the batch the load needs tells whether these knobs hold the load at all
+    needed = batch_needed(cost, rate, workers)
+    feasible = needed is not None and needed <= n_cap
+    n_need = min(needed, n_cap) if needed is not None else n_cap
+    utilization = rate / workers / 1000.0 * cost.t(n_need) / n_need
+    worst = delay + wait_factor(workers) * cost.t(n_cap)
+    return LawResult(Knobs(n_cap, delay, workers), rate, n_need, utilization, worst, feasible)
+
+
+def completion_ms(
+    cost: Cost, ahead: int, batch_size: int, busy_remaining_ms: list[float], workers: int, delay_ms: float = 0.0
+) -> float:
+    """Milliseconds from now until a request arriving now is answered: ``ahead`` requests queue before it, served
+    ``batch_size`` at a time by ``workers`` workers, of which those in ``busy_remaining_ms`` are busy for that long
+    yet; its own batch takes t(its size). With no request ahead and an idle worker it waits the batch delay."""
+    workers = max(1, workers)
+    free = sorted([max(0.0, r) for r in busy_remaining_ms] + [0.0] * max(0, workers - len(busy_remaining_ms)))
+    free = free[:workers]
+    full = ahead // batch_size  # whole batches ahead of it
+    own = min(batch_size, ahead % batch_size + 1)
+    t_full = cost.t(batch_size)
+    if full <= 4 * workers:
+        for _ in range(full):
+            free[0] += t_full
+            free.sort()
+        start = free[0]
+    else:  # a long queue: the workers take it in turns
+        start = free[0] + full * t_full / workers
+    if ahead == 0 and start == 0.0:
+        start = delay_ms if own < batch_size else 0.0
+    return start + cost.t(own)
+
+
+__all__ = [
+    "RHO",
+    "SLACK_MS",
+    "Cost",
+    "LawResult",
+    "batch_cap",
+    "batch_needed",
+    "completion_ms",
+    "decide",
+    "wait_factor",
+]

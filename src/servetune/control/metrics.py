@@ -1,0 +1,57 @@
+"""The controllers' Prometheus metrics, read when scraped (a collector the backend registers with its metrics):
+
+- ``servetune_controller_batches_total{reason}``: batches dispatched, by why they went (full, delay, deadline, solo);
+- ``servetune_controller_shed_total``: requests answered 503 because they were predicted to miss their deadline;
+- ``servetune_controller_knob_changes_total``;
+- ``servetune_controller_batch_size``, ``..._max_batch_delay_ms``, ``..._workers``: the knobs now;
+- ``servetune_controller_arrival_rate``: requests per second, last half second;
+- ``servetune_controller_predicted_batch_ms_total`` and ``..._actual_batch_ms_total`` over
+  ``servetune_controller_predicted_batches_total``: how good the predictions are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from servetune.control.controller import Controller
+
+LABELS = ["model_name", "model_version"]
+
+
+class ControllerMetrics:
+    def __init__(self, controllers: Callable[[], list[Controller]]) -> None:
+        self._controllers = controllers
+
+    def collect(self) -> Iterator[Metric]:
+        p = "servetune_controller_"
+        batches = CounterMetricFamily(p + "batches", "Batches dispatched, by reason", labels=[*LABELS, "reason"])
+        shed = CounterMetricFamily(p + "shed", "Requests shed: predicted to miss their deadline", labels=LABELS)
+        changes = CounterMetricFamily(p + "knob_changes", "Knob changes the controller made", labels=LABELS)
+        predicted = CounterMetricFamily(p + "predicted_batches", "Batches with a predicted time", labels=LABELS)
+        predicted_ms = CounterMetricFamily(p + "predicted_batch_ms", "Predicted batch time, summed", labels=LABELS)
+        actual_ms = CounterMetricFamily(p + "actual_batch_ms", "Actual time of those batches, summed", labels=LABELS)
+        gauges = {
+            "batch_size": GaugeMetricFamily(p + "batch_size", "Batch size now", labels=LABELS),
+            "max_batch_delay_ms": GaugeMetricFamily(p + "max_batch_delay_ms", "Batch delay now (ms)", labels=LABELS),
+            "workers": GaugeMetricFamily(p + "workers", "Workers now", labels=LABELS),
+        }
+        rate = GaugeMetricFamily(p + "arrival_rate", "Arrivals per second, last half second", labels=LABELS)
+        for c in self._controllers():
+            key = [c.name, c.version]
+            for reason, count in c.batches.items():
+                batches.add_metric([*key, reason], count)
+            shed.add_metric(key, c.shed_count)
+            changes.add_metric(key, c.knob_changes)
+            predicted.add_metric(key, c.predicted_batches)
+            predicted_ms.add_metric(key, c.predicted_ms_sum)
+            actual_ms.add_metric(key, c.actual_ms_sum)
+            knobs = c.actuator.knobs().to_json()
+            for name, gauge in gauges.items():
+                gauge.add_metric(key, float(knobs[name]))
+            rate.add_metric(key, c.meter.rate(c.clock()))
+        yield from (batches, shed, changes, predicted, predicted_ms, actual_ms, *gauges.values(), rate)
+
+
+__all__ = ["ControllerMetrics"]

@@ -1,0 +1,100 @@
+"""The one small interface every policy implements (servetune's controller and the baselines alike), what a policy
+sees, and the registry that chooses one by name (``controller.policy`` in the model's settings).
+
+The controller (``control/controller.py``) does the measuring, the acting, the shedding and the logging; a policy only
+decides: ``decide(view)`` every tick returns the knobs it wants (or None: as they are) with the figures behind them,
+``observe(batch)`` sees every batch that finished. Two flags say what else it uses: ``shed`` (admission control) and
+``deadline_dispatch`` (a batch goes early when its oldest request would otherwise miss its deadline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from servetune.control.estimate import ServiceFit
+from servetune.control.law import Cost
+from servetune.control.settings import ControlSettings, Knobs
+from servetune.registry import registered
+
+
+@dataclass(frozen=True)
+class BatchSeen:
+    """One finished batch."""
+
+    size: int
+    reason: str  # "full", "delay", "deadline", "solo"
+    oldest_queue_ms: float  # the oldest request's wait before the batch went
+    predicted_ms: float | None  # the batch's time as the fit predicted it at dispatch
+    actual_ms: float  # dispatch to answers back
+    worker: str
+
+
+@dataclass
+class View:
+    """What a policy sees at a tick."""
+
+    now: float  # time.monotonic()
+    elapsed_s: float  # since the controller started (the oracle's phases count from here)
+    rate: float  # arrivals per second, last half second
+    queue: int  # requests waiting
+    ongoing: int  # requests waiting or running (Ray's autoscaling metric)
+    knobs: Knobs  # as they are
+    settings: ControlSettings
+    fit: ServiceFit
+    margin_ms: float  # the fit's error margin
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def cost(self) -> Cost | None:
+        """The fitted cost, once b can be told; None before."""
+        found = self.fit.coefficients()
+        return Cost(*found) if found is not None else None
+
+    @property
+    def workers_bounds(self) -> tuple[int, int]:
+        """The workers bounds, or the current workers held when the settings give none."""
+        bounds = self.settings.workers
+        return bounds if bounds is not None else (self.knobs.workers, self.knobs.workers)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """New knobs and why (the prediction behind them, as the decision log records it)."""
+
+    knobs: Knobs
+    why: dict[str, Any]
+
+
+class Policy(Protocol):
+    name: str
+    shed: bool
+    deadline_dispatch: bool
+
+    def decide(self, view: View) -> Decision | None:
+        """The knobs to have now, or None to leave them."""
+        ...
+
+    def observe(self, batch: BatchSeen) -> None:
+        """A batch finished."""
+        ...
+
+
+POLICIES: dict[str, str] = {
+    "controller": "servetune.control.slo_policy:SloPolicy",
+    "static": "servetune.control.baselines:Static",
+    "greedy": "servetune.control.baselines:Greedy",
+    "aimd": "servetune.control.baselines:Aimd",
+    "lsq": "servetune.control.baselines:LeastSquares",
+    "queue": "servetune.control.baselines:QueueScaling",
+    "oracle": "servetune.control.baselines:Oracle",
+}
+
+
+def make_policy(settings: ControlSettings, registered_knobs: Knobs) -> Policy:
+    """The policy ``settings.policy`` names, built for these settings and the model's knobs as registered."""
+    cls = registered(POLICIES, settings.policy, f"controller.policy: unknown policy {settings.policy!r}")
+    policy: Policy = cls(settings, registered_knobs)
+    return policy
+
+
+__all__ = ["POLICIES", "BatchSeen", "Decision", "Policy", "View", "make_policy"]

@@ -1,0 +1,76 @@
+"""The native server's side of the online controller (``servetune.control``): a model version's settings read from
+its plan, the model as the controller's :class:`~servetune.control.Actuator` (the same in-place changes the
+management API makes: batch size and delay from the next batch, workers scaled through the placement, which refuses
+cores other models hold), and the registration check that the SLA is reachable at all.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from servetune._exceptions import ApiError, ConfigError
+from servetune.api.plan import VersionPlan
+from servetune.api.types import InferRequest, Input
+from servetune.control import ControlSettings, Knobs, parse_settings
+
+if TYPE_CHECKING:
+    from servetune.server.model import ServedModel
+
+PROBES = 3  # the probe runs this many times; its fastest is the batch-1 time
+
+
+def control_settings(plan: VersionPlan, max_workers: int) -> ControlSettings | None:
+    """The version's ``controller:`` settings (model-config.yaml or its ``models=`` entry), None when it has none;
+    ApiError 400 naming the key when they are invalid."""
+    raw = plan.config.handler_config.get("controller")
+    if raw is None:
+        return None
+    try:
+        return parse_settings(raw, source=f"{plan.url}: model-config.yaml", max_workers=max_workers)
+    except ConfigError as exc:
+        raise ApiError.bad_request(str(exc)) from None
+
+
+class ModelActuator:
+    """A served model as its controller reads and moves it."""
+
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
+
+    def knobs(self) -> Knobs:
+        batcher = self.model.batcher
+        return Knobs(batcher.batch_size, batcher.max_delay_s * 1000.0, self.model.min_workers)
+
+    def queue_length(self) -> int:
+        return len(self.model.batcher)
+
+    def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
+        self.model.set_batching(batch_size, max_batch_delay_ms)
+
+    async def set_workers(self, workers: int) -> None:
+        model = self.model
+        await model.scale(workers, max(workers, model.max_workers))
+
+
+async def check_reachable(model: ServedModel, settings: ControlSettings) -> float | None:
+    """Run ``controller.probe`` (a request body) through the model a few times, alone; ApiError 400 naming the SLA's
+    key when its fastest answer took longer than the SLA allows. Returns that batch-1 time (ms); None: no probe."""
+    if settings.probe is None:
+        return None
+    body = settings.probe.encode()
+    best = float("inf")
+    for i in range(PROBES):
+        started = time.monotonic()
+        request = InferRequest(f"controller-probe-{i}", {}, [Input("body", None, body)], started)
+        await model.submit(request)
+        best = min(best, (time.monotonic() - started) * 1000.0)
+    if best > settings.target_ms:
+        raise ApiError.bad_request(
+            f"{settings.key}={settings.target_ms:g} is below the model's batch-1 time: {best:.1f} ms, the fastest "
+            f"of {PROBES} runs of controller.probe at registration"
+        )
+    return best
+
+
+__all__ = ["ModelActuator", "check_reachable", "control_settings"]

@@ -1,0 +1,148 @@
+"""The control law, the fit, the rate meter, the settings and the policies' hysteresis, on figures computed by hand
+(docs/controller.md derives the law)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune._exceptions import ConfigError
+from servetune.control import Cost, Knobs, completion_ms, decide, parse_settings
+from servetune.control.estimate import RateMeter, ServiceFit
+from servetune.control.law import batch_cap, batch_needed
+from servetune.control.policy import View, make_policy
+from servetune.control.slo_policy import WORKERS_HOLD_S
+
+COST = Cost(20.0, 5.0)  # a batch of n takes 20 + 5n ms
+
+
+def test_batch_cap_is_the_largest_batch_whose_worst_case_fits() -> None:
+    # 2 * (20 + 5n) <= 198  ->  n <= 15.8
+    assert batch_cap(COST, 198.0, 0.0, (1, 32)) == 15
+    assert batch_cap(COST, 198.0, 60.0, (1, 32)) == 9  # (198 - 60) / 2 = 69 -> n <= 9.8
+    assert batch_cap(COST, 198.0, 0.0, (1, 8)) == 8  # within bounds
+    assert batch_cap(COST, 30.0, 0.0, (2, 8)) == 2  # nothing fits: the bounds' low end
+    assert batch_cap(COST, 198.0, 0.0, (1, 32), workers=2) == 22  # 1.5 (20 + 5n) <= 198: the first of two frees
+
+
+def test_batch_needed_keeps_each_worker_under_rho() -> None:
+    # per worker 0.1 req/ms: 0.1 * (20 + 5n) <= 0.8 n  ->  n >= 2 / 0.3 = 6.67
+    assert batch_needed(COST, 100.0, 1) == 7
+    assert batch_needed(COST, 20.0, 1) == 1
+    assert batch_needed(COST, 100.0, 4) == 1  # 0.025 * 20 / (0.8 - 0.125) = 0.74
+    assert batch_needed(COST, 200.0, 1) is None  # 0.2 * 5 = 1 > 0.8: no batch size keeps up
+
+
+@pytest.mark.parametrize(
+    ("rate", "workers", "expected", "n_need"),
+    [
+        (20.0, (1, 1), Knobs(15, 0.0, 1), 1),  # 2 (20 + 5n) <= 198 -> 15; batches of one keep up
+        (100.0, (1, 1), Knobs(15, 0.0, 1), 7),  # n_need = ceil(0.1 * 20 / (0.8 - 0.1 * 5)) = 7 <= 15: it holds
+        # 150 / (0.8 * 15 / 95 ms) = 1.19 -> 2 workers, whose cap is 1.5 (20 + 5n) <= 198 -> 22; 0.075 * 20 / 0.425
+        (150.0, (1, 4), Knobs(22, 0.0, 2), 4),
+        (200.0, (1, 4), Knobs(22, 0.0, 2), 7),  # 200 / 126.3 = 1.58 -> 2 workers
+    ],
+)
+def test_decide_by_hand(rate: float, workers: tuple[int, int], expected: Knobs, n_need: int) -> None:
+    result = decide(COST, rate, 200.0, 0.0, (1, 32), (0, 100), workers)
+    assert result.knobs == expected
+    assert result.n_need == n_need
+    assert result.feasible
+    assert result.worst_ms <= 198.0
+
+
+def test_decide_keeps_the_delay_at_its_lower_bound_and_the_cap_within_what_it_leaves() -> None:
+    result = decide(COST, 100.0, 200.0, 0.0, (1, 32), (20, 100), (1, 1))
+    assert result.knobs == Knobs(13, 20.0, 1)  # 20 + 2 (20 + 5n) <= 198 -> n <= 13.8
+
+
+def test_decide_says_when_the_bounds_cannot_hold_the_load() -> None:
+    result = decide(COST, 400.0, 200.0, 0.0, (1, 32), (0, 100), (1, 1))
+    assert not result.feasible
+    assert result.knobs.workers == 1
+
+
+def test_completion_counts_the_queue_the_busy_workers_and_its_own_batch() -> None:
+    assert completion_ms(COST, 0, 10, [], 1) == 25.0  # idle worker, a batch of one
+    assert completion_ms(COST, 0, 10, [], 1, delay_ms=30.0) == 55.0  # it waits the delay for company
+    # 25 ahead in batches of 10 on one worker busy 30 ms more: 30 + 70 + 70, then its batch of 6: 50
+    assert completion_ms(COST, 25, 10, [30.0], 1) == 220.0
+    # two workers, one idle: the full batches go to the idle one (done at 70) and the other (30 + 70); its own
+    # batch of one on the first free, at 70
+    assert completion_ms(COST, 20, 10, [30.0], 2) == 70.0 + 25.0
+
+
+def test_fit_recovers_a_and_b() -> None:
+    fit = ServiceFit()
+    for n in (1, 4, 2, 8, 3, 6):
+        fit.add(n, 20.0 + 5.0 * n)
+    a, b = fit.coefficients() or (0.0, 0.0)
+    assert a == pytest.approx(20.0)
+    assert b == pytest.approx(5.0)
+    assert fit.spread_ms() == pytest.approx(0.0, abs=1e-6)
+    assert fit.predict(10) == pytest.approx(70.0)
+
+
+def test_fit_with_one_batch_size_is_pessimistic() -> None:
+    fit = ServiceFit()
+    for _ in range(5):
+        fit.add(2, 30.0)
+    assert fit.coefficients() is None
+    assert fit.predict(4) == pytest.approx(60.0)  # in proportion
+    assert fit.predict(1) == pytest.approx(30.0)  # as much
+
+
+def test_rate_meter_follows_a_step_within_its_window() -> None:
+    meter = RateMeter(bin_s=0.05, window_s=0.5)
+    t = 100.0
+    for _ in range(100):  # 100 req/s for a second
+        t += 0.01
+        meter.arrive(t)
+    assert meter.rate(t) == pytest.approx(100.0, rel=0.1)
+    for _ in range(250):  # then 500 req/s
+        t += 0.002
+        meter.arrive(t)
+    assert meter.rate(t) == pytest.approx(500.0, rel=0.1)
+    assert meter.rate(t + 2.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"slo": {"p99_ms": 100}, "bounds": {"batch_size": [0, 8]}}, "controller.bounds.batch_size"),
+        ({"slo": {"p99_ms": 100}, "bounds": {"batch_size": [8, 4]}}, "controller.bounds.batch_size"),
+        ({"slo": {"p99_ms": 100}, "bounds": {"workers": [1, 99]}}, "controller.bounds.workers"),
+        ({"slo": {"p99_ms": -1}}, "controller.slo.p99_ms"),
+        ({"slo": {"p99_ms": 100, "p95_ms": 50}}, "controller.slo"),
+        ({"slo": {"p99_ms": 100}, "policy": "magic"}, "controller.policy"),
+        ({"slo": {"p99_ms": 100}, "shed": "yes"}, "controller.shed"),
+        ({"slo": {"p99_ms": 100}, "bounds": {"cores": [1, 2]}}, "controller.bounds.cores"),
+        ({"slo": {"p99_ms": 100}, "policy": "oracle"}, "controller.phases"),
+    ],
+)
+def test_invalid_settings_name_the_key(raw: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace(".", r"\.")):
+        parse_settings(raw, max_workers=8)
+
+
+def _view(now: float, rate: float, knobs: Knobs, fit: ServiceFit, settings_raw: dict[str, object]) -> View:
+    settings = parse_settings(settings_raw)
+    return View(now, now, rate, 0, 0, knobs, settings, fit, 0.0)
+
+
+def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> None:
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 4]}}
+    fit = ServiceFit()
+    for n in (1, 4, 2, 8, 3, 6):
+        fit.add(n, 20.0 + 5.0 * n)
+    policy = make_policy(parse_settings(raw), Knobs(1, 0.0, 1))
+    low = Knobs(15, 0.0, 1)
+    decision = policy.decide(_view(0.0, 20.0, Knobs(1, 0.0, 1), fit, raw))
+    assert decision is not None and decision.knobs == low  # 15: the SLA's largest batch, no delay, one worker
+    step = policy.decide(_view(1.0, 200.0, low, fit, raw))
+    assert step is not None and step.knobs == Knobs(22, 0.0, 2)  # at the next tick: 200 / 126.3 -> 2 workers
+    high = step.knobs
+    assert policy.decide(_view(1.1, 200.0 * 1.05, high, fit, raw)) is None  # no flap
+    assert policy.decide(_view(2.0, 20.0, high, fit, raw)) is None  # the load fell: held ...
+    assert policy.decide(_view(2.0 + WORKERS_HOLD_S / 2, 20.0, high, fit, raw)) is None
+    back = policy.decide(_view(2.0 + WORKERS_HOLD_S, 20.0, high, fit, raw))
+    assert back is not None and back.knobs == low  # ... for WORKERS_HOLD_S

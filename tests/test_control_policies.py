@@ -1,0 +1,93 @@
+"""The baselines behind the controller's interface, and the decision log's rotation, on hand-made observations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from servetune.control import BatchSeen, Knobs, View, make_policy, parse_settings
+from servetune.control.decisions import DecisionLog
+from servetune.control.estimate import ServiceFit
+
+SLO = {"p99_ms": 100}
+
+
+def view(raw: dict[str, object], knobs: Knobs, now: float = 0.0, ongoing: int = 0) -> View:
+    return View(now, now, 0.0, 0, ongoing, knobs, parse_settings(raw), ServiceFit(), 0.0)
+
+
+def batch(size: int, actual_ms: float) -> BatchSeen:
+    return BatchSeen(size, "full", 0.0, None, actual_ms, "9000")
+
+
+def test_greedy_takes_the_largest_batch_without_delay() -> None:
+    raw = {"slo": SLO, "policy": "greedy", "bounds": {"batch_size": [1, 24]}}
+    decision = make_policy(parse_settings(raw), Knobs(4, 10.0, 2)).decide(view(raw, Knobs(4, 10.0, 2)))
+    assert decision is not None and decision.knobs == Knobs(24, 0.0, 2)
+
+
+def test_aimd_grows_by_a_step_after_a_full_batch_inside_and_backs_off_after_a_miss() -> None:
+    raw = {"slo": SLO, "policy": "aimd", "bounds": {"batch_size": [1, 32]}}
+    policy = make_policy(parse_settings(raw), Knobs(10, 0.0, 1))
+    policy.observe(batch(10, 80.0))  # full, inside: 11
+    policy.observe(batch(5, 80.0))  # not full: stays
+    decision = policy.decide(view(raw, Knobs(10, 0.0, 1)))
+    assert decision is not None and decision.knobs.batch_size == 11
+    policy.observe(batch(11, 120.0))  # a miss: 11 * 0.9 = 9.9
+    decision = policy.decide(view(raw, Knobs(11, 0.0, 1)))
+    assert decision is not None and decision.knobs == Knobs(9, 0.0, 1)
+
+
+def test_queue_scaling_waits_its_delays_before_it_moves_workers() -> None:
+    raw = {"slo": SLO, "policy": "queue", "bounds": {"workers": [1, 4]}, "queue": {"upscale_s": 30, "downscale_s": 600}}
+    policy = make_policy(parse_settings(raw), Knobs(8, 5.0, 1))
+    now = Knobs(8, 5.0, 1)
+    assert policy.decide(view(raw, now, 0.0, ongoing=7)) is None  # ceil(7 / 2) = 4 asked ...
+    assert policy.decide(view(raw, now, 29.0, ongoing=7)) is None
+    up = policy.decide(view(raw, now, 30.0, ongoing=7))  # ... for 30 s
+    assert up is not None and up.knobs == Knobs(8, 5.0, 4)
+    assert policy.decide(view(raw, up.knobs, 31.0, ongoing=1)) is None  # down only after 600 s
+    assert policy.decide(view(raw, up.knobs, 630.0, ongoing=1)) is None
+    down = policy.decide(view(raw, up.knobs, 631.0, ongoing=1))
+    assert down is not None and down.knobs.workers == 1
+
+
+def test_oracle_and_static_hold_their_configs() -> None:
+    phases = [
+        {"until_s": 10, "batch_size": 2, "max_batch_delay_ms": 0, "workers": 1},
+        {"until_s": 20, "batch_size": 8, "max_batch_delay_ms": 5, "workers": 2},
+    ]
+    raw = {"slo": SLO, "policy": "oracle", "phases": phases, "bounds": {"workers": [1, 2]}}
+    policy = make_policy(parse_settings(raw), Knobs(1, 0.0, 1))
+    first = policy.decide(view(raw, Knobs(1, 0.0, 1), 5.0))
+    assert first is not None and first.knobs == Knobs(2, 0.0, 1)
+    second = policy.decide(view(raw, first.knobs, 15.0))
+    assert second is not None and second.knobs == Knobs(8, 5.0, 2)
+    assert policy.decide(view(raw, second.knobs, 99.0)) is None  # the last phase holds after its end
+    static = {"slo": SLO, "policy": "static", "static": {"batch_size": 4, "max_batch_delay_ms": 3, "workers": 2}}
+    decision = make_policy(parse_settings(static), Knobs(1, 0.0, 1)).decide(view(static, Knobs(1, 0.0, 1)))
+    assert decision is not None and decision.knobs == Knobs(4, 3.0, 2)
+
+
+def test_lsq_sheds_and_holds_batches_for_their_deadline() -> None:
+    raw = {"slo": SLO, "policy": "lsq", "bounds": {"batch_size": [1, 16], "max_batch_delay_ms": [0, 40]}}
+    policy = make_policy(parse_settings(raw), Knobs(4, 0.0, 2))
+    assert policy.shed and policy.deadline_dispatch
+    decision = policy.decide(view(raw, Knobs(4, 0.0, 2)))
+    assert decision is not None and decision.knobs == Knobs(16, 40.0, 2)
+
+
+def test_the_decision_log_rotates_and_keeps_the_recent_changes(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    log = DecisionLog(str(path), max_bytes=200, keep=2, recent=3)
+    for i in range(20):
+        log.batch({"kind": "batch", "i": i, "pad": "x" * 20})
+    for i in range(5):
+        log.change({"kind": "knobs", "i": i})
+    log.close()
+    assert [r["i"] for r in log.recent] == [2, 3, 4]
+    kept = [path, path.with_name("d.jsonl.1"), path.with_name("d.jsonl.2")]
+    assert all(p.exists() for p in kept) and not path.with_name("d.jsonl.3").exists()
+    assert all(p.stat().st_size <= 200 + 60 for p in kept)  # rotated once past the limit
+    last = [json.loads(line) for line in path.read_text().splitlines()]
+    assert last[-1] == {"kind": "knobs", "i": 4}
