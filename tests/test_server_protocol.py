@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from servetune._exceptions import ApiError
 from servetune.api.types import InferRequest
 from servetune.server.batcher import Batcher, Job, QueueFull
 from servetune.server.protocol import (
@@ -132,7 +133,8 @@ def test_batcher_is_bounded_and_skips_abandoned_jobs() -> None:
 
 
 def test_batcher_drops_a_job_whose_deadline_passed() -> None:
-    """A client's deadline (gRPC's) travels with its request: once past it nobody waits, so it never runs."""
+    """A client's deadline travels with its request: once past it the request never runs; a client still waiting
+    (REST's ``x-servetune-timeout-ms``) is answered 504."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -143,7 +145,9 @@ def test_batcher_drops_a_job_whose_deadline_passed() -> None:
         for job in (late, due, open_ended):
             batcher.put(job)
         assert [j.request.request_id for j in await batcher.next_batch()] == ["due", "open"]
-        assert batcher.dropped_disconnected == 1 and late.future.cancelled()
+        assert batcher.dropped_disconnected == 1 and not late.future.cancelled()
+        error = late.future.exception()  # its client still waits (nothing says it went): a 504 at once, not silence
+        assert isinstance(error, ApiError) and error.status == 504 and "deadline passed" in error.message
 
     asyncio.run(main())
 

@@ -6,7 +6,7 @@
   --config-file`` when rebuilding a .mar;
 - ``model-config.controller.yaml`` (an app: ``model-config.<model>.controller.yaml``): the same settings with the online
   controller switched on (docs/controller.md): the study's SLA, the searched ranges as its bounds, shedding on; for
-  a load that moves, where one static config cannot hold the SLA at every level;
+  a load that moves, where one static config cannot hold the SLA at every level (on backends that run it: native);
 - ``config.properties``: a server config that loads the archives at start (``models=`` repeats the settings);
 - ``serve-command.txt``: the exact ``servetune serve`` command, and other ways to serve it;
 - whatever the study's backend adds (``targets/``): on Ray, ``ray-serve-config.yaml`` for ``serve deploy``.
@@ -109,7 +109,7 @@ def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: 
         configs[name] = folder / ("model-config.yaml" if not study.is_app else f"model-config.{name}.yaml")
         configs[name].write_text(yaml.safe_dump(config, sort_keys=False))
         sla = study.model_spec(name).sla if study.is_app else study.sla
-        section = controller_section(sla, family)
+        section = controller_section(sla, family) if kind.online_controller else None
         if section is not None:
             controlled = configs[name].with_name(configs[name].name.replace(".yaml", ".controller.yaml"))
             controlled.write_text(yaml.safe_dump({**config, "controller": section}, sort_keys=False))

@@ -47,6 +47,7 @@ class TargetKind:
     address_key: ClassVar[str | None] = None  # the study key (and --NAME option) saying where it runs
     address_hint: ClassVar[str] = ""  # what that address looks like, for error messages
     space_keys: ClassVar[tuple[str, ...]] = ()  # ``space`` keys it reads (accepted whatever the backend)
+    online_controller: ClassVar[bool] = False  # it runs a model-config.yaml ``controller:`` (docs/controller.md)
 
     def read(self, space: Mapping[str, Any], model_config: Mapping[str, Any]) -> dict[str, Any]:
         """Its ``space`` keys, type-checked, as study options (empty when none is given)."""

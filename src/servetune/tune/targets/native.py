@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 class NativeKind(TargetKind):
     name = "native"
     label = "servetune"
+    online_controller = True
 
     def embedded(self, study: Study, out_dir: Path, *, echo: bool = False) -> Target:
         return EmbeddedTarget(study, out_dir, self, echo=echo)
