@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.handlers.spec import WorkerSpec
-from servetune.server.messages import LoadError
-from servetune.server.protocol import ProtocolError, encode
+from servetune.server.messages import LoadError, decode_typed
+from servetune.server.protocol import encode
 
 LEVELS = ("model", "imports")
 
@@ -128,13 +128,7 @@ _TYPES: dict[str, Any] = {
 
 
 def decode_fork_message(header: dict[str, Any], blobs: list[bytes]) -> ForkMessage:
-    kind = _TYPES.get(str(header.get("type")))
-    if kind is None:
-        raise ProtocolError(f"unknown message type {header.get('type')!r}")
-    try:
-        message: ForkMessage = kind.decode(header, blobs)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed {header.get('type')} message: {exc!r}") from None
+    message: ForkMessage = decode_typed(_TYPES, header, blobs)
     return message
 
 

@@ -204,15 +204,33 @@ _TYPES: dict[str, Any] = {
 }
 
 
-def decode_message(header: dict[str, Any], blobs: list[bytes]) -> Message:
-    kind = _TYPES.get(str(header.get("type")))
+def decode_typed(types: dict[str, Any], header: dict[str, Any], blobs: list[bytes]) -> Any:
+    """The message of ``types`` that ``header["type"]`` names, decoded; ProtocolError for an unknown type or a
+    malformed message (a missing or wrong field, a wrong blob count). Both wires' decoder (this one's and the model
+    parent's, ``fork_messages``)."""
+    kind = types.get(str(header.get("type")))
     if kind is None:
         raise ProtocolError(f"unknown message type {header.get('type')!r}")
     try:
-        message: Message = kind.decode(header, blobs)
+        return kind.decode(header, blobs)
     except (KeyError, TypeError, ValueError, StopIteration) as exc:  # ValueError: also a wrong blob count
         raise ProtocolError(f"malformed {header.get('type')} message: {exc!r}") from None
+
+
+def decode_message(header: dict[str, Any], blobs: list[bytes]) -> Message:
+    message: Message = decode_typed(_TYPES, header, blobs)
     return message
 
 
-__all__ = ["Answer", "Load", "LoadError", "Message", "Partial", "Predict", "Ready", "Result", "decode_message"]
+__all__ = [
+    "Answer",
+    "Load",
+    "LoadError",
+    "Message",
+    "Partial",
+    "Predict",
+    "Ready",
+    "Result",
+    "decode_message",
+    "decode_typed",
+]
