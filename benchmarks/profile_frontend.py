@@ -71,7 +71,7 @@ CONCERNS = [
     ("handler metrics (worker: context.metrics)", ("servetune/handlers/metrics.py",)),
     (
         "worker framing (protocol.py, messages.py, JSON)",
-        ("servetune/server/protocol.py", "servetune/server/messages.py", "orjson", "json/"),
+        ("servetune/server/messages.py", "orjson", "json/"),
     ),
     ("worker pipe (process.py, asyncio streams)", ("servetune/server/process.py", "asyncio/streams.py")),
     ("batcher and dispatch (batcher.py, model.py)", ("servetune/server/batcher.py", "servetune/server/model.py")),
@@ -79,7 +79,7 @@ CONCERNS = [
     ("request headers (starlette Headers, dict copy)", ("starlette/datastructures.py",)),
     (
         "response object and headers (starlette Response, timing headers, one write)",
-        ("starlette/responses.py", "answer_response", "servetune/api/onewrite.py"),
+        ("starlette/responses.py", "answer_response", "servetune/api/http1.py"),
     ),
     ("body read (request.stream)", ("read_body", "starlette/requests.py")),
     ("multipart/form parsing", ("multipart", "starlette/formparsers.py", "parse_inputs")),
@@ -89,7 +89,7 @@ CONCERNS = [
     ),
     (
         "HTTP parse/serialise (uvicorn httptools, keep-alive, head limits)",
-        ("uvicorn/protocols/", "servetune/api/keepalive.py", "servetune/api/http_guard.py"),
+        ("uvicorn/protocols/", "servetune/api/http1.py"),
     ),
     ("socket reads/writes (asyncio transport)", ("asyncio/selector_events.py",)),
     (

@@ -7,6 +7,7 @@ threads, and every servetune file a call entered is listed with its number of ca
 
     python benchmarks/request_path.py              # every protocol
     python benchmarks/request_path.py rest grpc    # TorchServe REST and TorchServe gRPC only
+    python benchmarks/request_path.py -v rest      # the functions called, file by file
 
 Protocols: ``rest`` (POST /predictions), ``v2`` (POST /v2/models/m/infer, JSON), ``grpc`` (TorchServe's Predictions),
 ``grpc-oip`` (ModelInfer).
@@ -38,6 +39,7 @@ from servetune.server.backend import NativeBackend
 ROOT = str(Path(servetune.__file__).parent) + "/"
 HANDLER = "def handle(data, context):\n    return None if data is None else [b'ok' for _ in data]\n"
 PROTOCOLS = ("rest", "v2", "grpc", "grpc-oip")
+VERBOSE = False  # -v: list the functions, not only the files
 
 
 def start(store: Path) -> tuple[ApiServer, asyncio.AbstractEventLoop]:
@@ -96,6 +98,8 @@ def traced(loop: asyncio.AbstractEventLoop, send: Callable[[], None]) -> dict[st
     def hook(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(ROOT):
             name = frame.f_code.co_filename[len(ROOT) :]
+            if VERBOSE:
+                name += ":" + frame.f_code.co_qualname
             seen[name] = seen.get(name, 0) + 1
 
     for _ in range(3):  # warm: connections, first-call imports
@@ -112,6 +116,9 @@ def traced(loop: asyncio.AbstractEventLoop, send: Callable[[], None]) -> dict[st
 
 
 def main(argv: list[str]) -> int:
+    global VERBOSE
+    VERBOSE = "-v" in argv
+    argv = [a for a in argv if a != "-v"]
     chosen = argv or list(PROTOCOLS)
     unknown = [p for p in chosen if p not in PROTOCOLS]
     if unknown:
@@ -124,7 +131,8 @@ def main(argv: list[str]) -> int:
     try:
         for protocol in chosen:
             seen = traced(loop, sender(server, protocol))
-            print(f"\n{protocol}: {len(seen)} files")
+            files = {name.split(":")[0] for name in seen}
+            print(f"\n{protocol}: {len(files)} files")
             for name, calls in sorted(seen.items()):
                 print(f"  {calls:4d}  {name}")
     finally:

@@ -1,4 +1,4 @@
-"""HTTP/1.0 keep-alive (servetune.api.keepalive): raw sockets and ``ab -k`` against real servers.
+"""HTTP/1.0 keep-alive (servetune.api.http1): raw sockets and ``ab -k`` against real servers.
 
 Two layers: uvicorn itself running each keep-alive protocol with a small ASGI app (a fixed-length, a streaming and
 a ``Connection: close`` response), and a real ``servetune serve`` whose three APIs are driven as TorchServe's
@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 
 from models import sleep_archive
-from servetune.api.keepalive import KeepAliveH11Protocol, KeepAliveHttpToolsProtocol, wants_keep_alive
+from servetune.api.http1 import KeepAliveH11Protocol, KeepAliveHttpToolsProtocol, wants_keep_alive
 from servetune.embedded import EmbeddedServer
 
 # How long a socket read may wait; the servers' keep-alive timeout is longer, so a connection the server wrongly

@@ -1,4 +1,4 @@
-"""A response's head and body in one write (servetune.api.onewrite): uvicorn's own cycle, over a transport that
+"""A response's head and body in one write (servetune.api.http1): uvicorn's own cycle, over a transport that
 records its writes (the seam: what goes to the socket, write by write). tests/test_api_keepalive.py serves the same
 protocol over real sockets."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
-from servetune.api.onewrite import OneWriteCycle
+from servetune.api.http1 import OneWriteCycle
 
 
 class Recorder:

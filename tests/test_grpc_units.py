@@ -17,8 +17,7 @@ from servetune.api.grpc.oip import decode_request
 from servetune.api.grpc.status import code_for
 from servetune.config.server import ServerConfig
 from servetune.protos import OIP, TORCHSERVE_INFERENCE, TORCHSERVE_MANAGEMENT, message, methods
-from servetune.server.messages import Answer, Partial, decode_message
-from servetune.server.protocol import decode
+from servetune.server.messages import Answer, Partial, decode, decode_message
 
 ROOT = Path(__file__).resolve().parents[1]
 

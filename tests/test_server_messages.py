@@ -7,8 +7,17 @@ import pytest
 from servetune.api.types import InferRequest, Input
 from servetune.handlers.control import KSERVE_V1, Control
 from servetune.handlers.spec import CpuSettings, WorkerSpec
-from servetune.server.messages import Answer, Load, LoadError, Predict, Ready, Result, decode_message
-from servetune.server.protocol import ProtocolError, decode
+from servetune.server.messages import (
+    Answer,
+    Load,
+    LoadError,
+    Predict,
+    ProtocolError,
+    Ready,
+    Result,
+    decode,
+    decode_message,
+)
 
 
 def _round_trip(frame: bytes) -> object:
@@ -44,7 +53,7 @@ def test_load_carries_the_whole_worker_spec() -> None:
 
 
 def test_malformed_messages_are_protocol_errors() -> None:
-    from servetune.server.protocol import encode
+    from servetune.server.messages import encode
 
     with pytest.raises(ProtocolError, match="unknown message type"):
         decode_message({"type": "nope"}, [])

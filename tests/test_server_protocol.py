@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from servetune._exceptions import ApiError
 from servetune.api.types import InferRequest
 from servetune.server.batcher import Batcher, Job, QueueFull
-from servetune.server.protocol import (
+from servetune.server.messages import (
     FrameBuffer,
     ProtocolError,
     SocketFrames,
@@ -191,7 +191,9 @@ def test_frames_carry_their_own_file_descriptors_whatever_the_chunks() -> None:
             while (frame := buffer.next_frame()) is not None:
                 got.append(frame)
         assert [(h["n"], [len(b) for b in blobs], len(fds)) for h, blobs, fds in got] == [
-            (0, [70_000], 1), (1, [], 0), (2, [], 2)
+            (0, [70_000], 1),
+            (1, [], 0),
+            (2, [], 2),
         ]
         received = [fd for _, _, fds in got for fd in fds]
         for fd, (read_end, _) in zip(received, pipes, strict=True):  # each one is the pipe it was sent as

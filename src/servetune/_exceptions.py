@@ -17,7 +17,7 @@ ServetuneError
  │    ├── WorkerTimeout        it did not answer in time
  │    ├── ParentUnavailable    a model's parent process cannot fork its workers (gone, or a fork would be unsound:
  │    │                        ``hazard``); the worker is spawned instead
- │    └── ProtocolError        (servetune.server.protocol) a peer sent something that is not a frame or a message
+ │    └── ProtocolError        (servetune.server.messages) a peer sent something that is not a frame or a message
  ├── QueueFull            (servetune.server.batcher) a model's job queue is at capacity (internal: the model answers
  │                        ``ApiError.queue_full``)
  ├── BenchError           a load run could not be carried out
@@ -34,7 +34,7 @@ Outside the tree, on purpose:
   the handler contract's: handler code raises them (TorchServe's handlers import ``PredictionException`` from
   ``ts.utils.util`` and construct it with TorchServe's signature); the worker answers them with their
   ``error_code``. They are the handler's errors, not servetune's.
-- ``_Refused`` (``servetune.api.http_guard``, ``servetune.config.model_yaml``) are private signals that never leave
+- ``_Refused`` (``servetune.api.http1``, ``servetune.config.model_yaml``) are private signals that never leave
   their module: each is turned into that module's answer (a 4xx, a ConfigError) where it is caught.
 """
 

@@ -2,7 +2,8 @@
 headers on REST and as trailing metadata on gRPC, named here once (lower case: gRPC's metadata keys are; HTTP header
 names are case-insensitive).
 
-Neutral: the API's gateway writes them (``servetune.api.gateway``), the load engines read them (``servetune.bench``).
+Neutral: the API's gateway writes them (``servetune.api.gateway`` ``Answer.timing``: values in milliseconds with three
+decimals, the batch size as an integer), the load engines read them (``servetune.bench``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,6 @@ BATCH_SIZE = "x-servetune-batch-size"  # requests in the batch it ran in
 # sent by a client: how long it waits for the answer (milliseconds from the request's arrival); the server's
 # controller sheds at once a request predicted to miss it (REST; gRPC has its own deadline)
 TIMEOUT_MS = "x-servetune-timeout-ms"
-
-
-def timing_fields(queue_ms: float, handler_ms: float, batch_size: int) -> tuple[tuple[str, str], ...]:
-    """The three fields with their values, as a server sends them."""
-    return ((QUEUE_MS, f"{queue_ms:.3f}"), (HANDLER_MS, f"{handler_ms:.3f}"), (BATCH_SIZE, str(batch_size)))
 
 
 def read_timing(fields: Mapping[str, str]) -> tuple[float, float, int]:
@@ -37,4 +33,4 @@ def _number(value: str | None) -> float:
         return math.nan
 
 
-__all__ = ["BATCH_SIZE", "HANDLER_MS", "QUEUE_MS", "TIMEOUT_MS", "read_timing", "timing_fields"]
+__all__ = ["BATCH_SIZE", "HANDLER_MS", "QUEUE_MS", "TIMEOUT_MS", "read_timing"]

@@ -44,7 +44,7 @@ from servetune._exceptions import ApiError
 from servetune.api.types import InferenceBackend, InferRequest, InferResult, Input, ModelMetadata, Readiness
 from servetune.config.server import ServerConfig
 from servetune.handlers.control import Control
-from servetune.timing import timing_fields
+from servetune.timing import BATCH_SIZE, HANDLER_MS, QUEUE_MS
 
 if TYPE_CHECKING:  # the metrics app serves over HTTP (api/rest.py), which imports this module
     from servetune.api.auth import TokenStore
@@ -95,7 +95,11 @@ class Answer:
     def timing(self) -> tuple[tuple[str, str], ...]:
         """Where its time went: the fields REST sends as headers and gRPC as trailing metadata."""
         result = self.result
-        return timing_fields(result.queue_ms, result.handler_ms, result.batch_size)
+        return (
+            (QUEUE_MS, f"{result.queue_ms:.3f}"),
+            (HANDLER_MS, f"{result.handler_ms:.3f}"),
+            (BATCH_SIZE, str(result.batch_size)),
+        )
 
 
 def new_request_id() -> str:

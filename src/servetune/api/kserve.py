@@ -26,6 +26,8 @@ from servetune.api.types import Input
 from servetune.handlers.control import KSERVE_V1, Control
 
 _DROPPED_HEADERS = ("content-type", "content-length", "content-encoding")
+# a request's control, built once per kind: [explain] -> predict (False) or explain (True)
+_CONTROLS = (Control(KSERVE_V1), Control(KSERVE_V1, explain=True))
 
 
 def kserve_routes(gateway: Gateway) -> list[BaseRoute]:
@@ -46,7 +48,7 @@ def kserve_routes(gateway: Gateway) -> list[BaseRoute]:
             request.path_params["model"],
             None,
             [Input("body", "application/json", body)],
-            Control(KSERVE_V1, explain=explain),  # :predict and :explain never share a handler call
+            _CONTROLS[explain],  # :predict and :explain never share a handler call
             rest.request_headers(request, _DROPPED_HEADERS),
             refuse_not_ready=True,
         )

@@ -37,6 +37,8 @@ from servetune.tensors import (
 
 KEEP_STATUS_TYPES = ("ServiceUnavailableException", "RequestTimeoutException")  # the server's state, not the handler's
 _DROPPED_HEADERS = ("content-type", "content-length", "content-encoding", HEADER_LENGTH.lower())
+# a request's control, built once per kind: [explain] -> predict (False) or explain (True)
+_CONTROLS = (Control(OIP_V2), Control(OIP_V2, explain=True))
 
 
 def oip_call(
@@ -56,8 +58,9 @@ def oip_call(
     sent = {k: v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
     sent[HEADER_LENGTH.lower()] = str(header_length if header_length is not None else len(body))
     inputs = [Input("body", "application/octet-stream", body)]
-    control = Control(OIP_V2, explain=explain)
-    return Call(model, version, inputs, control, sent, refuse_not_ready=True, deadline=timeout_deadline(request))
+    return Call(
+        model, version, inputs, _CONTROLS[explain], sent, refuse_not_ready=True, deadline=timeout_deadline(request)
+    )
 
 
 def timeout_deadline(request: InferenceRequest) -> float | None:

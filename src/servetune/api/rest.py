@@ -6,7 +6,7 @@ back, for every HTTP API (TorchServe's inference routes, KServe v1, OIP v2 REST,
   ``{"error": message}``); the status sent is counted by the gateway; a prediction whose client went away before
   its batch was sent is answered 499 (nobody reads it).
 - :func:`caller`: the ``Authorization`` and ``x-request-id`` headers and the connection's disconnect flag (servetune's
-  HTTP protocol puts it in the scope: ``api/keepalive.py``; under another server, as Ray's proxy, :func:`infer`
+  HTTP protocol puts it in the scope: ``api/http1.py``; under another server, as Ray's proxy, :func:`infer`
   watches the connection with a task).
 - :func:`read_body`: the body within ``max_request_size`` where it arrives (413 as soon as it passes), inflated from
   gzip or deflate for KServe's protocols.
@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servetune._exceptions import ApiError
 from servetune.api.gateway import Access, Answer, Call, Caller, Gateway
-from servetune.api.keepalive import CLIENT_GONE_KEY
+from servetune.api.http1 import CLIENT_GONE_KEY
 from servetune.timing import TIMEOUT_MS
 
 NO_CACHE_HEADERS = {

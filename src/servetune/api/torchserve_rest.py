@@ -19,6 +19,9 @@ from servetune.api.rest import answer_response, json_response, read_body, reques
 from servetune.api.types import Input
 from servetune.handlers.control import TORCHSERVE, Control
 
+# a request's control, built once per kind: [explain] -> predict (False) or explain (True)
+_CONTROLS = (Control(TORCHSERVE), Control(TORCHSERVE, explain=True))
+
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 
@@ -69,7 +72,7 @@ def torchserve_routes(gateway: Gateway) -> list[BaseRoute]:
             request.path_params["model"],
             request.path_params.get("version"),
             await parse_inputs(request, body),
-            Control(TORCHSERVE, explain=explain),  # the route decides; a client's ``explain`` header does not
+            _CONTROLS[explain],  # the route decides; a client's ``explain`` header does not
             request_headers(request),
         )
         return answer_response(await rest.infer(gateway, request, who, call))

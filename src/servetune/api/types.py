@@ -48,9 +48,9 @@ class InferRequest:
 
     @property
     def solo(self) -> bool:
-        """Runs in a batch of its own: a describe or metadata request (``Control.solo``), or a stream (TorchServe
-        forces batch size one for StreamPredictions)."""
-        return self.control.solo or self.on_partial is not None
+        """Runs in a batch of its own: TorchServe's describe call, or a stream (TorchServe forces batch size one for
+        StreamPredictions)."""
+        return self.control.describe or self.on_partial is not None
 
 
 @dataclass(slots=True)

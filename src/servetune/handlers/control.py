@@ -14,7 +14,7 @@ fields. Requests of different control never share a handler call (:meth:`Control
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 TORCHSERVE = "torchserve"  # TorchServe's own routes: the configured ``service_envelope``, if any
@@ -36,23 +36,14 @@ class Control:
     protocol: str = TORCHSERVE
     explain: bool = False
     describe: bool = False
+    # Requests with the same key may share a handler call; others never do. Also its form on the worker's wire
+    # (``from_json`` reads it back). Computed once: the API builds one Control per kind of request, not per request.
+    key: tuple[str, bool, bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol={self.protocol!r}: expected one of {', '.join(PROTOCOLS)}")
-
-    @property
-    def solo(self) -> bool:
-        """Runs in a batch of its own: TorchServe's describe call."""
-        return self.describe
-
-    @property
-    def key(self) -> tuple[str, bool, bool]:
-        """Requests with the same key may share a handler call; others never do."""
-        return self.protocol, self.explain, self.describe
-
-    def to_json(self) -> list[Any]:
-        return [self.protocol, self.explain, self.describe]
+        object.__setattr__(self, "key", (self.protocol, self.explain, self.describe))
 
     @classmethod
     def from_json(cls, raw: Any) -> Control:

@@ -24,9 +24,8 @@ from servetune.config.server import ServerConfig
 from servetune.control.metrics import ControllerMetrics
 from servetune.hardware import detect_gpus
 from servetune.server.controlled import check_reachable, control_settings
-from servetune.server.model import ServedModel
+from servetune.server.model import ModelRegistry, ServedModel
 from servetune.server.placement import Placement
-from servetune.server.registry import ModelRegistry
 from servetune.startup import log as startup_log
 
 

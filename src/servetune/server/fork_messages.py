@@ -7,7 +7,7 @@
                          Forked     the worker's pid, and a pidfd of it with the frame (or why the fork failed)
                          Exited     a worker it forked exited: its exit code as ``Popen.returncode`` gives it
 
-Frames of ``servetune.server.protocol``, as the worker messages are.
+Frames of ``servetune.server.messages``, as the worker messages are.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servetune.handlers.spec import WorkerSpec
-from servetune.server.messages import LoadError, decode_typed
-from servetune.server.protocol import encode
+from servetune.server.messages import LoadError, decode_typed, encode
 
 LEVELS = ("model", "imports")
 

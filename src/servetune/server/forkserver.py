@@ -31,8 +31,7 @@ from servetune.handlers.service import Service
 from servetune.handlers.spec import preload
 from servetune.server import worker
 from servetune.server.fork_messages import Exited, Fork, Forked, ForkMessage, Preload, Preloaded, decode_fork_message
-from servetune.server.messages import LoadError
-from servetune.server.protocol import FrameBuffer, ProtocolError, recv_chunk
+from servetune.server.messages import FrameBuffer, LoadError, ProtocolError, recv_chunk
 from servetune.startup import CLOCK
 
 

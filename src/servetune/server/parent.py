@@ -29,8 +29,7 @@ from servetune.handlers.loader import heavy_imports
 from servetune.handlers.spec import WorkerSpec
 from servetune.hardware import process_memory
 from servetune.server.fork_messages import Exited, Fork, Forked, ForkMessage, Preload, Preloaded, decode_fork_message
-from servetune.server.messages import LoadError
-from servetune.server.protocol import FrameBuffer, ProtocolError, recv_chunk
+from servetune.server.messages import FrameBuffer, LoadError, ProtocolError, recv_chunk
 from servetune.server.spawn import describe_exit, pidfd_supported, spawn, watch_exit
 from servetune.startup import log as startup_log
 

@@ -33,6 +33,8 @@ class Placement:
         self.physical = physical_cores()
         self._demands: dict[tuple[str, str], Demand] = {}
         self._gpu_counter = 0
+        # Counts changes of the demands: what a worker gets (threads, cores) can only change when it does.
+        self.generation = 0
 
     # ---- demands -----------------------------------------------------------------------------
 
@@ -49,9 +51,11 @@ class Placement:
     def demand(self, key: tuple[str, str], demand: Demand) -> None:
         self.check(key, demand)
         self._demands[key] = demand
+        self.generation += 1
 
     def release(self, key: tuple[str, str]) -> None:
-        self._demands.pop(key, None)
+        if self._demands.pop(key, None) is not None:
+            self.generation += 1
 
     def _threads(self, demand: Demand, demands: dict[tuple[str, str], Demand]) -> int:
         if demand.threads:

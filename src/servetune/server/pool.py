@@ -49,6 +49,9 @@ class WorkerSlot:
     crashes: int = 0
     last_error: str = ""
     status: str = "STARTING"
+    # The CPU settings of its batches: (placement generation, position, threads, cores), asked of the placement
+    # only when the host's demands or the slot's position change, not on every batch.
+    cpu: tuple[int, int, int, tuple[int, ...]] | None = None
 
     @property
     def worker_id(self) -> str:
@@ -102,13 +105,11 @@ class WorkerPool:
         started = time.monotonic()
         for job in batch:
             job.attempts += 1
-        placement, key = model.placement, model.key
-        predict = Predict(
-            [j.request for j in batch],
-            model.plan.batch_size,
-            placement.threads(key),
-            placement.cores(key, self.position(slot)),
-        )
+        cpu, position, generation = slot.cpu, self.position(slot), model.placement.generation
+        if cpu is None or cpu[0] != generation or cpu[1] != position:
+            placement, key = model.placement, model.key
+            cpu = slot.cpu = (generation, position, placement.threads(key), placement.cores(key, position))
+        predict = Predict([j.request for j in batch], model.plan.config.batch_size, cpu[2], cpu[3])
         worker.on_partial = self._partials(batch, worker.worker_id)
         controller = model.controller
         actual_ms = math.nan

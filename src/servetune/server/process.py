@@ -22,9 +22,19 @@ from typing import Any
 from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.hardware import process_memory
-from servetune.server.messages import Load, LoadError, Message, Partial, Predict, Ready, Result, decode_message
+from servetune.server.messages import (
+    Load,
+    LoadError,
+    Message,
+    Partial,
+    Predict,
+    ProtocolError,
+    Ready,
+    Result,
+    decode_message,
+    read_frame,
+)
 from servetune.server.parent import ModelParent
-from servetune.server.protocol import ProtocolError, read_frame
 from servetune.server.spawn import describe_exit, spawn, watch_exit
 from servetune.startup import log as startup_log
 

@@ -22,8 +22,18 @@ import traceback
 
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, prepare_cpu, start_service
-from servetune.server.messages import Answer, Load, LoadError, Partial, Predict, Ready, Result, decode_message
-from servetune.server.protocol import ProtocolError, SocketFrames
+from servetune.server.messages import (
+    Answer,
+    Load,
+    LoadError,
+    Partial,
+    Predict,
+    ProtocolError,
+    Ready,
+    Result,
+    SocketFrames,
+    decode_message,
+)
 from servetune.startup import CLOCK
 
 

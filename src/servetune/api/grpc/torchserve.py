@@ -24,6 +24,7 @@ from servetune.protos import TORCHSERVE_INFERENCE, TORCHSERVE_MANAGEMENT, method
 
 _INFERENCE = methods(TORCHSERVE_INFERENCE)
 _MANAGEMENT = methods(TORCHSERVE_MANAGEMENT)
+_PREDICT = Control(TORCHSERVE)  # built once
 PredictionResponse = _INFERENCE["Predictions"].response
 HealthResponse = _INFERENCE["Ping"].response
 ManagementResponse = _MANAGEMENT["ListModels"].response
@@ -118,7 +119,7 @@ class TorchServeInference:
             request.model_name,
             version_or_none(request.model_version),
             inputs,
-            Control(TORCHSERVE),
+            _PREDICT,
             handler_headers(context),
             on_partial=on_partial,
         )
