@@ -161,6 +161,23 @@ def test_every_prediction_is_counted_once_whatever_its_transport(server: InProce
     assert delta == {"Requests2XX": 5, "Requests4XX": 4, "Requests5XX": 0, "ts_inference_requests_total": 5}
 
 
+def test_the_direct_prediction_routes_answer_as_the_router_did(server: InProcessServer) -> None:
+    # POST /predictions, v1 :predict and v2 infer skip Starlette's router (rest.with_direct_routes): the same answers,
+    # headers and error shapes; what they do not take (another method, another path) still reaches the router.
+    for path in ("/predictions/m", "/predictions/m/"):
+        reply = call("POST", f"{server.inference_url}{path}", b"x", {"x-request-id": "rid-1"})
+        assert reply.status == 200, path
+        assert reply.headers["x-request-id"] == "rid-1" and reply.headers["cache-control"].startswith("no-cache")
+        assert int(reply.headers["content-length"]) == len(reply.body) and reply.headers[BATCH_SIZE] == "1"
+    assert rest(server, "PUT", "/predictions/m", b"x").status == 200
+    assert rest(server, "POST", "/predictions/m/9.9", b"x").json()["code"] == 404  # TorchServe's error shape
+    assert set(rest(server, "POST", "/v1/models/nope:predict", b"{}").json()) == {"error"}  # KServe's shape
+    assert rest(server, "POST", "/v2/models/m/infer", V2).status == 200
+    wrong_method = rest(server, "GET", "/predictions/m")
+    assert wrong_method.status == 405 and wrong_method.json()["code"] == 405  # the router's 405, TorchServe's shape
+    assert rest(server, "POST", "/predictions", b"x").json()["code"] == 404
+
+
 def test_the_timing_fields_are_the_same_on_rest_and_grpc(server: InProcessServer) -> None:
     reply = rest(server, "POST", "/predictions/m", b"x")
     assert reply.headers["x-request-id"] and int(reply.headers[BATCH_SIZE]) == 1

@@ -12,13 +12,14 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp
 
 from servetune.api.auth import TokenStore
 from servetune.api.gateway import Gateway
 from servetune.api.kserve import kserve_routes
 from servetune.api.metrics import ApiMetrics
 from servetune.api.oip_rest import oip_routes
-from servetune.api.rest import exception_handlers
+from servetune.api.rest import exception_handlers, with_direct_routes
 from servetune.api.torchserve_rest import torchserve_routes
 from servetune.api.types import InferenceBackend, Readiness
 from servetune.config.server import ServerConfig
@@ -26,10 +27,11 @@ from servetune.config.server import ServerConfig
 PROTOCOLS: tuple[Callable[[Gateway], list[BaseRoute]], ...] = (torchserve_routes, kserve_routes, oip_routes)
 
 
-def inference_app(gateway: Gateway) -> Starlette:
-    """Every protocol of :data:`PROTOCOLS` through ``gateway``."""
+def inference_app(gateway: Gateway) -> ASGIApp:
+    """Every protocol of :data:`PROTOCOLS` through ``gateway``; the predictions' routes answered ahead of the router
+    (``rest.with_direct_routes``)."""
     routes = [r for protocol in PROTOCOLS for r in protocol(gateway)]
-    return Starlette(routes=routes, exception_handlers=exception_handlers())
+    return with_direct_routes(Starlette(routes=routes, exception_handlers=exception_handlers()), routes)
 
 
 def create_inference_app(
@@ -39,7 +41,7 @@ def create_inference_app(
     tokens: TokenStore | None = None,
     metrics: ApiMetrics | None = None,
     readiness: Readiness | None = None,
-) -> Starlette:
+) -> ASGIApp:
     """The inference app over ``backend``, with a gateway of its own (a Ray replica's or frontend's)."""
     return inference_app(Gateway(backend, config, tokens=tokens, readiness=readiness, metrics=metrics))
 

@@ -63,7 +63,7 @@ def kserve_routes(gateway: Gateway) -> list[BaseRoute]:
     return [
         kserve_route(gateway, "/", alive, "GET", PROBE),
         kserve_route(gateway, "/v1/models", models, "GET", PROBE),
-        kserve_route(gateway, "/v1/models/{model}:predict", predict, "POST", INFERENCE),
+        kserve_route(gateway, "/v1/models/{model}:predict", predict, "POST", INFERENCE, direct=True),
         kserve_route(gateway, "/v1/models/{model}:explain", explain, "POST", INFERENCE),
         kserve_route(gateway, "/v1/models/{model}", model_ready, "GET", PROBE),
     ]

@@ -34,9 +34,11 @@ def kserve_answer(answer: Answer) -> Response:
     return answer_response(answer)
 
 
-def kserve_route(gateway: Gateway, path: str, endpoint: Endpoint, method: str, access: Access) -> BaseRoute:
-    """A route of KServe's protocols: its errors as ``{"error": message}``."""
-    return route(gateway, path, endpoint, [method], access, kserve_error_response)
+def kserve_route(
+    gateway: Gateway, path: str, endpoint: Endpoint, method: str, access: Access, *, direct: bool = False
+) -> BaseRoute:
+    """A route of KServe's protocols: its errors as ``{"error": message}``; ``direct``: a hot route (``rest.route``)."""
+    return route(gateway, path, endpoint, [method], access, kserve_error_response, direct=direct)
 
 
 def oip_routes(gateway: Gateway) -> list[BaseRoute]:
@@ -103,7 +105,7 @@ def oip_routes(gateway: Gateway) -> list[BaseRoute]:
         routes += [
             kserve_route(gateway, prefix, model_metadata, "GET", PROBE),
             kserve_route(gateway, f"{prefix}/ready", model_ready, "GET", PROBE),
-            kserve_route(gateway, f"{prefix}/infer", infer, "POST", INFERENCE),
+            kserve_route(gateway, f"{prefix}/infer", infer, "POST", INFERENCE, direct=True),
             kserve_route(gateway, f"{prefix}/explain", explain, "POST", INFERENCE),
         ]
     return routes

@@ -121,6 +121,9 @@ def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
         loop="asyncio",
         http=guarded_protocol(header_limits(config)),  # header limits; ab -k: HTTP/1.0 keep-alive too
         timeout_keep_alive=30,
+        # uvicorn's default rewrites each request's client address and scheme from X-Forwarded-For/-Proto (from
+        # 127.0.0.1): a middleware on every request for fields servetune never reads; TorchServe ignores them too.
+        proxy_headers=False,
         timeout_graceful_shutdown=int(config.shutdown_grace_period) or None,
         limit_concurrency=None,
     )

@@ -87,8 +87,8 @@ def torchserve_routes(gateway: Gateway) -> list[BaseRoute]:
         route(gateway, "/", api_description, ["OPTIONS"], OPEN),
         route(gateway, "/api-description", api_description, ["GET", "OPTIONS"], OPEN),
         route(gateway, "/ping", ping, ["GET", "POST"], PROBE),
-        route(gateway, "/predictions/{model}", predictions, ["POST", "PUT"], INFERENCE),
-        route(gateway, "/predictions/{model}/{version}", predictions, ["POST", "PUT"], INFERENCE),
+        route(gateway, "/predictions/{model}", predictions, ["POST", "PUT"], INFERENCE, direct=True),
+        route(gateway, "/predictions/{model}/{version}", predictions, ["POST", "PUT"], INFERENCE, direct=True),
         route(gateway, "/explanations/{model}", explanations, ["POST", "PUT"], INFERENCE),
         route(gateway, "/explanations/{model}/{version}", explanations, ["POST", "PUT"], INFERENCE),
     ]
