@@ -39,7 +39,6 @@ log = logging.getLogger("servetune.startup")
 #: the packages a parent may import before it knows its model: torch's own, which start no thread at import with
 #: one OpenMP thread (a package that did would make the parent unfit to fork; it is left to the model's own load)
 EARLY_PACKAGES = ("torch", "torchvision", "torchaudio")
-_SCAN_FILES = 200  # an archive's Python files read, at most (as ``heavy_imports``)
 _SCAN_BYTES = 1 << 20  # per file
 
 
@@ -70,50 +69,63 @@ _waiting: dict[str, EarlyParent] = {}  # model name -> its parent, until claimed
 
 
 def early_modules(archive: Path) -> tuple[str, ...]:
-    """What a parent of the model in ``archive`` (a .mar, zip) imports before the model is sent to it: torch when the
-    model uses torch (a built-in handler, a ``serializedFile``/``modelFile``, a Python file importing a torch package),
-    the torch packages its Python files import, and a built-in handler's module; () when it uses no torch (no early
-    parent: a no-op or text handler's workers start without one) or the archive cannot be read here."""
+    """What a parent of the model in ``archive`` (a .mar, zip) imports before the model is sent to it: only what the
+    model's load is sure to import. A built-in handler: torch, the handler's module, and the torch packages its
+    ``modelFile`` imports at module level (the built-in handlers import it to build the model); the archive's own
+    handler file: the torch packages it imports at module level (``ts``, TorchServe's, means torch). () where that
+    is nothing (no early parent: a no-op or text handler's workers start without one; an import inside a function
+    may never run) or the archive cannot be read here."""
     from servetune.handlers.loader import BUILTIN_HANDLERS
 
     try:
         with zipfile.ZipFile(archive) as zf:
+            names = set(zf.namelist())
             manifest = json.loads(zf.read("MAR-INF/MANIFEST.json"))
-            names = [n for n in zf.namelist() if n.endswith(".py") and ".servetune-variants" not in n]
-            found: set[str] = set()
-            for name in sorted(names)[:_SCAN_FILES]:
+            info = manifest.get("model") if isinstance(manifest, dict) else None
+            if not isinstance(info, dict):
+                return ()
+            handler = str(info.get("handler") or "").partition(":")[0].strip().removesuffix(".py")
+            stem = handler.replace("\\", "/").rsplit("/", 1)[-1]
+            own = next((n for n in (f"{stem}.py", f"{stem}/__init__.py") if n in names), None)
+            builtin = BUILTIN_HANDLERS.get(stem) if own is None else None
+            model_file = str(info.get("modelFile") or "")
+            read = [own] if own else [model_file] if builtin and model_file in names else []
+            found = {"torch"} if builtin else set()
+            for name in read:
                 if zf.getinfo(name).file_size <= _SCAN_BYTES:
-                    found |= _torch_imports(zf.read(name))
+                    found |= _module_level_imports(zf.read(name))
     except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         return ()
-    info = manifest.get("model") if isinstance(manifest, dict) else None
-    if not isinstance(info, dict):
-        return ()
-    handler = str(info.get("handler") or "").partition(":")[0].strip().removesuffix(".py")
-    stem = handler.replace("\\", "/").rsplit("/", 1)[-1]
-    own = f"{stem}.py" in names or f"{stem}/__init__.py" in names
-    builtin = BUILTIN_HANDLERS.get(stem) if not own else None
-    if builtin or info.get("serializedFile") or info.get("modelFile"):
-        found.add("torch")
     if not found:
         return ()
+    if any(f"{p}.py" in names or f"{p}/__init__.py" in names for p in EARLY_PACKAGES):
+        return ()  # the archive ships a module of torch's names: its own load decides what those imports mean
     modules = [p for p in EARLY_PACKAGES if p in found or p == "torch"]
-    if any(f"{p}.py" in names or f"{p}/__init__.py" in names for p in modules):
-        return ()  # the archive ships a module of that name: its own load decides what it imports
     return (*modules, *([builtin] if builtin else []))
 
 
-def _torch_imports(source: bytes) -> set[str]:
+def _module_level_imports(source: bytes) -> set[str]:
+    """The torch packages a module imports when it is imported: its top-level statements (and those under a
+    top-level ``if``/``try``/``with``), not a function's or a class's."""
     try:
-        tree = ast.parse(source)
+        body = list(ast.parse(source).body)
     except (SyntaxError, ValueError):
         return set()
-    found = set()
-    for node in ast.walk(tree):
+    found: set[str] = set()
+    while body:
+        node = body.pop()
         if isinstance(node, ast.Import):
             found |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    body.append(child)
+                elif isinstance(child, ast.ExceptHandler):
+                    body.extend(child.body)
+    if "ts" in found:  # TorchServe's package (servetune's alias): its handlers import torch
+        found.add("torch")
     return found & set(EARLY_PACKAGES)
 
 
