@@ -45,7 +45,7 @@ PHASES: list[tuple[str, str]] = [
     ("parent servetune imports", r"preloaded .* servetune imports (\d+) ms"),
     ("parent early imports", r"preloaded .* early imports \([^)]*\) (\d+) ms"),
     ("parent handler import+model load", r"preloaded .* (?:handler import and model load|handler import) (\d+) ms"),
-    ("parent started after exec", r"preloaded .* spawned (\d+) ms after exec"),
+    ("parent started after exec", r"\(spawned (\d+) ms after exec\)"),
     ("worker ready after fork request (max)", r"worker \d+ \(pid \d+\) ready (\d+) ms after its fork request"),
     ("worker spawn to ready (max)", r"worker \d+ \(pid \d+\) ready (\d+) ms after spawn"),
     ("frontend: ready after exec", r"ready (\d+) ms after exec"),

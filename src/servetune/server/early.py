@@ -32,6 +32,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from servetune.builtin_handlers import BUILTIN_HANDLERS
 from servetune.config.server import ServerConfig
 
 log = logging.getLogger("servetune.startup")
@@ -75,8 +76,6 @@ def early_modules(archive: Path) -> tuple[str, ...]:
     handler file: the torch packages it imports at module level (``ts``, TorchServe's, means torch). () where that
     is nothing (no early parent: a no-op or text handler's workers start without one; an import inside a function
     may never run) or the archive cannot be read here."""
-    from servetune.handlers.loader import BUILTIN_HANDLERS
-
     try:
         with zipfile.ZipFile(archive) as zf:
             names = set(zf.namelist())
