@@ -1,12 +1,14 @@
 """Time from launching ``servetune serve`` to its first 200 answer, and each phase of the start-up, N starts.
 
     python benchmarks/startup_phases.py [--model resnet18|noop] [--runs 5] [--baseline /path/to/other/src]
+                                        [--peers litserve,bentoml,...]
 
 Launches the real CLI as benchmarks/vs_peers.py does (``benchmarks/peers/servers.py``: the same config.properties,
 resnet18 with 2 workers behind the built-in image_classifier, or the no-op model with 1 worker; ready = the first
 prediction answered 200, timed from the launch), with ``--log-level debug``, and reads the phases from the
 ``servetune.startup`` log lines. With ``--baseline SRC`` each run starts the other tree (its ``src`` on PYTHONPATH,
 e.g. a ``git worktree`` of main) right after this one, so that machine drift hits both; medians and ranges per tree.
+``--peers`` starts those peers of vs_peers (their own venvs) in the same rounds, for their time to the first 200 alone.
 Measure one benchmark at a time: ``flock /tmp/servetune-bench.lock python benchmarks/startup_phases.py``.
 """
 
@@ -25,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # benchmarks/: peers/, vs_torchserve
 sys.path.insert(0, str(HERE.parent / "examples" / "resnet18"))
 
-from peers.servers import Assets, Deployment, Servetune  # noqa: E402
+from peers.servers import LAUNCHERS, PEERS, Assets, Deployment, Servetune  # noqa: E402
 
 DEPLOYMENTS = {
     "resnet18": Deployment("resnet18", workers=2, batch=8, delay_ms=10),
@@ -87,6 +89,17 @@ def start_once(src: str, deployment: Deployment, assets: Assets) -> dict[str, fl
     return found
 
 
+def start_peer(name: str, deployment: Deployment, assets: Assets) -> dict[str, float]:
+    from peers.venvs import venv_python
+
+    server = LAUNCHERS[name](deployment, assets, venv_python(name))
+    try:
+        server.start(timeout=300)
+    finally:
+        server.stop()
+    return {"time to first 200 (launch to answer)": server.ready_s * 1000.0}
+
+
 def build(work: Path) -> Assets:
     from vs_peers import build_assets
 
@@ -108,9 +121,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--baseline", metavar="SRC", help="another tree's src directory, started interleaved")
     parser.add_argument("--assets", metavar="DIR", help="reuse the archives built here by an earlier run")
+    parser.add_argument("--peers", default="", help=f"comma-separated, of {', '.join(PEERS)}")
     args = parser.parse_args()
     mine = str(HERE.parent / "src")
     trees = [("this tree", mine)] + ([("baseline", args.baseline)] if args.baseline else [])
+    trees += [(name, "") for name in args.peers.split(",") if name]
     with open("/proc/loadavg") as fh:
         print(f"load average before: {fh.read().strip()}")
     with tempfile.TemporaryDirectory(prefix="startup-phases-") as tmp:
@@ -122,9 +137,12 @@ def main() -> None:
             assets = build(work)
         results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
         for run in range(args.runs):
-            order = trees if run % 2 == 0 else trees[::-1]  # alternate who goes first
+            order = trees[run % len(trees) :] + trees[: run % len(trees)]  # rotate who goes first
             for label, src in order:
-                found = start_once(src, DEPLOYMENTS[args.model], assets)
+                if src:
+                    found = start_once(src, DEPLOYMENTS[args.model], assets)
+                else:
+                    found = start_peer(label, DEPLOYMENTS[args.model], assets)
                 results[label].append(found)
                 ready = found["time to first 200 (launch to answer)"]
                 print(f"run {run + 1} {label}: ready {ready:.0f} ms", flush=True)
