@@ -79,6 +79,8 @@ def early_modules(archive: Path) -> tuple[str, ...]:
     try:
         with zipfile.ZipFile(archive) as zf:
             names = set(zf.namelist())
+            if zf.getinfo("MAR-INF/MANIFEST.json").file_size > _SCAN_BYTES:
+                return ()  # not read here: registering the archive refuses it with the limits it checks
             manifest = json.loads(zf.read("MAR-INF/MANIFEST.json"))
             info = manifest.get("model") if isinstance(manifest, dict) else None
             if not isinstance(info, dict):
@@ -191,6 +193,8 @@ def start(config: ServerConfig, cli_models: tuple[str, ...]) -> None:
 def _manifest_name(archive: Path) -> str | None:
     try:
         with zipfile.ZipFile(archive) as zf:
+            if zf.getinfo("MAR-INF/MANIFEST.json").file_size > _SCAN_BYTES:
+                return None
             name = json.loads(zf.read("MAR-INF/MANIFEST.json"))["model"]["modelName"]
     except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
         return None
