@@ -206,6 +206,8 @@ def test_workers_of_a_torch_model_are_forked_from_its_parent_and_share_torchs_me
     [parent] = parents
     assert "servetune.server.forkserver" in psutil.Process(parent).cmdline()
     assert psutil.Process(parent).ppid() == server.proc.pid  # ...which the frontend started
+    # before its own imports, importing torch meanwhile (servetune.server.early): the workers forked from that one
+    assert psutil.Process(parent).cmdline()[-1] == "torch"
     assert "libtorch" in maps(parent)  # the parent imported torch once for both
     for worker in described:
         shared, private = anonymous_memory(worker["pid"])

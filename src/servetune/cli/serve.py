@@ -110,6 +110,9 @@ def command(
         raise SystemExit(serve_on_ray(config, names, ray_address, ready_file))
     if ray_serve_config is not None:
         raise click.UsageError("--ray-serve-config needs --backend ray")
+    from servetune.server import early
+
+    early.start(config, names)  # start-up models' parents import torch while this process imports its stack
     from servetune.server import serve
 
     raise SystemExit(serve(config, names, ready_file))

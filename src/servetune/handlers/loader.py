@@ -19,23 +19,13 @@ from types import ModuleType
 from typing import Any
 
 from servetune._exceptions import HandlerError
+from servetune.builtin_handlers import BUILTIN_HANDLERS
 from servetune.handlers.context import Context
 from servetune.handlers.util import list_classes_from_module
 
 __all__ = ["BUILTIN_HANDLERS", "EntryPoint", "heavy_imports", "resolve_entry_point"]
 
 EntryPoint = Callable[[Any, Context], Any]
-
-#: built-in handler name (as written in a manifest) -> module holding the handler class
-BUILTIN_HANDLERS: dict[str, str] = {
-    "base_handler": "servetune.handlers.base",
-    "vision_handler": "servetune.handlers.vision",
-    "image_classifier": "servetune.handlers.image_classifier",
-    "object_detector": "servetune.handlers.object_detector",
-    "image_segmenter": "servetune.handlers.image_segmenter",
-    "text_handler": "servetune.handlers.text",
-    "text_classifier": "servetune.handlers.text_classifier",
-}
 
 
 def forget_shadowed_modules(model_dir: Path) -> None:

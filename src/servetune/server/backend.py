@@ -23,6 +23,7 @@ from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
 from servetune.control.metrics import ControllerMetrics
 from servetune.hardware import detect_gpus
+from servetune.server import early
 from servetune.server.controlled import check_reachable, control_settings
 from servetune.server.model import ModelRegistry, ServedModel
 from servetune.server.placement import Placement
@@ -64,7 +65,9 @@ class NativeBackend:
         """Nothing to connect to: workers start when models scale."""
 
     async def started(self, failed: dict[str, str]) -> None:
-        """The inference API reads the start-up outcome itself."""
+        """The start-up models have loaded (the inference API reads the outcome itself): a parent started early
+        (``servetune.server.early``) that no model took is stopped."""
+        early.release()
 
     @property
     def device_type(self) -> str:

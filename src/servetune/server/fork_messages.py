@@ -45,6 +45,7 @@ class Preloaded:
     imports_ms: float  # that module's imports
     torch: bool  # torch is loaded in the parent (what the workers will share)
     hazard: str = ""  # not empty: why the parent must not fork (threads, CUDA, open files); it exits
+    early_ms: float = 0.0  # the imports it ran before it was sent the model (``servetune.server.early``)
 
     def encode(self) -> bytes:
         return encode(
@@ -56,6 +57,7 @@ class Preloaded:
                 "imports_ms": self.imports_ms,
                 "torch": self.torch,
                 "hazard": self.hazard,
+                "early_ms": self.early_ms,
             }
         )
 
@@ -68,6 +70,7 @@ class Preloaded:
             float(header["imports_ms"]),
             bool(header["torch"]),
             str(header.get("hazard") or ""),
+            float(header.get("early_ms") or 0.0),
         )
 
 

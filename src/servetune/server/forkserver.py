@@ -1,24 +1,26 @@
 """A model's parent process: loads the model once and forks its workers, so that they share torch's and the model's
 pages copy-on-write and start without importing or loading anything.
 
-Started by the frontend (``servetune.server.parent``) as ``python -m servetune.server.forkserver FD``, with
-``subprocess.Popen`` — the frontend itself never forks. Its first frame is a ``Preload``: the model's
-:class:`~servetune.handlers.spec.WorkerSpec` and how far to go (``servetune.handlers.spec.preload``: the handler's
-imports, or the whole model). It preloads with one torch thread, then checks that a fork would be sound
-(:func:`fork_hazard`: one thread, no CUDA, no file left open by the preload) and answers ``Preloaded``; if not sound,
-it says why and exits. Then, for each ``Fork`` (which carries the worker's end of its socket pair), it forks a worker
-(``servetune.server.worker.forked_main``) and answers its pid with a pidfd of it, and it reports each worker's exit
-(``Exited``), as it is their parent and reaps them.
+Started by the frontend (``servetune.server.parent``) as ``python -m servetune.server.forkserver FD [MODULES]``, with
+``subprocess.Popen`` — the frontend itself never forks. ``MODULES`` (comma-separated; ``servetune.server.early``): a
+start-up model's torch packages, imported while the frontend still starts, before the model is sent. Its first frame is
+a ``Preload``: the model's :class:`~servetune.handlers.spec.WorkerSpec` and how far to go
+(``servetune.handlers.spec.preload``: the handler's imports, or the whole model). It preloads with one torch thread,
+then checks that a fork would be sound (:func:`fork_hazard`: one thread, no CUDA, no file left open by the preload) and
+answers ``Preloaded``; if not sound, it says why and exits. Then, for each ``Fork`` (which carries the worker's end of
+its socket pair), it forks a worker (``servetune.server.worker.forked_main``) and answers its pid with a pidfd of it,
+and it reports each worker's exit (``Exited``), as it is their parent and reaps them.
 
-It never runs an event loop, gRPC or a second thread (so forking it is safe: a child gets one thread, and no lock
-held by another), and it exits when the frontend closes the socket or dies (PDEATHSIG, and a pidfd of the frontend
-in its ``select``). The workers it forked outlive it: each watches the frontend, not its parent.
+It never runs an event loop, gRPC or a second thread (so forking it is safe: a child gets one thread, and no lock held
+by another), and it exits when the frontend closes the socket or dies (PDEATHSIG, and a pidfd of the frontend in its
+``select``). The workers it forked outlive it: each watches the frontend, not its parent.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
 import os
 import select
 import signal
@@ -177,6 +179,18 @@ def _serve(ctl: socket.socket, frames: FrameBuffer, frontend: int, keep: set[int
             _send(ctl, Forked(message.seq, pid).encode(), [pidfd])
 
 
+def _import_early(modules: list[str]) -> float:
+    """Import what the model's load will (``servetune.server.early``) while the frontend still starts; a failure is
+    left to that load to report. Milliseconds taken."""
+    started = time.perf_counter()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: S112 - the model's own load imports it again and reports the failure
+            continue
+    return (time.perf_counter() - started) * 1000.0
+
+
 def main(argv: list[str]) -> int:
     imports_ms = CLOCK.lap_ms()
     frontend_pid = os.getppid()
@@ -189,6 +203,7 @@ def main(argv: list[str]) -> int:
         return 1  # the frontend sees the socket close: it starts its workers without a parent
     if os.getppid() != frontend_pid:
         return 1  # the frontend died already
+    early_ms = _import_early([m for m in argv[2].split(",") if m]) if len(argv) > 2 else 0.0
     frames = FrameBuffer()
     received = _receive(ctl, frames)
     if received is None or not isinstance(received[0], Preload):
@@ -204,7 +219,7 @@ def main(argv: list[str]) -> int:
     load_ms = (time.perf_counter() - start) * 1000.0
     hazard = fork_hazard(before)
     torch = "torch" in sys.modules
-    _send(ctl, Preloaded(os.getpid(), load_ms, CLOCK.interpreter_ms, imports_ms, torch, hazard).encode())
+    _send(ctl, Preloaded(os.getpid(), load_ms, CLOCK.interpreter_ms, imports_ms, torch, hazard, early_ms).encode())
     if hazard:
         return 1
     keep = {fd for fd in before if fd > 2 and fd not in (ctl.fileno(), frontend)} | {0, 1, 2}

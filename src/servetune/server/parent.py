@@ -28,9 +28,12 @@ from servetune._exceptions import ParentUnavailable, WorkerLoadError, WorkerTime
 from servetune.handlers.loader import heavy_imports
 from servetune.handlers.spec import WorkerSpec
 from servetune.hardware import process_memory
+from servetune.server import early
+from servetune.server.early import parent_environment
 from servetune.server.fork_messages import Exited, Fork, Forked, ForkMessage, Preload, Preloaded, decode_fork_message
 from servetune.server.messages import FrameBuffer, LoadError, ProtocolError, recv_chunk
 from servetune.server.spawn import describe_exit, pidfd_supported, spawn, watch_exit
+from servetune.startup import CLOCK
 from servetune.startup import log as startup_log
 
 log = logging.getLogger("servetune.pool")
@@ -47,12 +50,6 @@ def fork_key(spec: WorkerSpec, level: str) -> dict[str, Any]:
     if level == "imports":
         return {"model_name": own.model_name, "model_dir": own.model_dir, "manifest": own.manifest}
     return own.to_json()
-
-
-def parent_environment(env: dict[str, str]) -> dict[str, str]:
-    """A parent's environment: its workers' own, with one thread for every pool that starts threads at import or at
-    first use (numpy's OpenBLAS starts its pool at import): a forked child gets none of the parent's threads."""
-    return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 class ModelParent:
@@ -91,15 +88,20 @@ class ModelParent:
         """Start the parent and wait until it has preloaded. Raises WorkerLoadError (the handler's own message) or
         WorkerTimeout as a worker would, ParentUnavailable if it died or found that it must not fork (``hazard``)."""
         loop = asyncio.get_running_loop()
-        spawned = time.perf_counter()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._proc = spawn("servetune.server.forkserver", theirs.fileno(), self.env)
-        except BaseException:
-            mine.close()
-            raise
-        finally:
-            theirs.close()
+        # a start-up model's parent may have started before the frontend's own imports (servetune.server.early)
+        started_early = early.claim(self.model_name, self.env)
+        if started_early is not None:
+            self._proc, mine, spawned = started_early.proc, started_early.sock, started_early.spawned
+        else:
+            spawned = time.perf_counter()
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self._proc = spawn("servetune.server.forkserver", theirs.fileno(), self.env)
+            except BaseException:
+                mine.close()
+                raise
+            finally:
+                theirs.close()
         self.pid = self._proc.pid
         watch_exit(loop, self._proc, self._reaped.set, f"parent-{self.model_name}")
         mine.setblocking(False)
@@ -132,14 +134,17 @@ class ModelParent:
             raise ParentUnavailable(message.hazard, hazard=True)
         self.preloaded = message
         startup_log.debug(
-            "start-up: model %s parent (pid %s) preloaded (%s) %.0f ms after spawn: interpreter %.0f ms, servetune "
-            "imports %.0f ms, %s %.0f ms; torch %s",
+            "start-up: model %s parent (pid %s) preloaded (%s) %.0f ms after spawn%s: interpreter %.0f ms, servetune "
+            "imports %.0f ms, early imports (%s) %.0f ms, %s %.0f ms; torch %s",
             self.model_name,
             self.pid,
             self.level,
             (time.perf_counter() - spawned) * 1000.0,
+            f" (spawned {(spawned - time.perf_counter()) * 1000.0 + CLOCK.since_exec_ms():.0f} ms after exec)",
             message.interpreter_ms,
             message.imports_ms,
+            ", ".join(started_early.modules) if started_early is not None else "none",
+            message.early_ms,
             "handler import and model load" if self.level == "model" else "handler import",
             message.load_ms,
             "loaded" if message.torch else "not loaded",
