@@ -19,6 +19,7 @@ import pytest
 
 from http_client import Reply, call, wait_for
 from models import sleep_archive
+from servetune.control.controller import MIN_SHED_BATCHES
 from servetune.embedded import EmbeddedServer
 
 STEP = {  # a = 20 ms, b = 5 ms, SLA P99 200 ms: at 20 req/s 1 worker, batch 15, no delay; at 150 2 workers, batch 22
@@ -112,17 +113,27 @@ def test_after_a_load_step_the_knobs_settle_where_the_cost_says(server: Embedded
     assert {r.status for r in replies} == {200}
     before = [k for t, k in samples if step_at - 0.5 < t < step_at]
     # by hand: one worker at 20 req/s, no delay, batch 15 (2 (20 + 5n) <= 198); evenly spaced requests mostly run
-    # alone, so b is told from a few batches of two, if at all (then the batch size stays as registered, 8): the cap
-    # is never above the SLA's
+    # alone, so b is told from a few batches of two, if at all (then the batch size stays as registered, 8), and
+    # the cap stays within twice the largest batch seen: never above the SLA's, never at the bound (32)
     assert before and all(k["max_batch_delay_ms"] == 0 and k["workers"] == 1 for k in before), before
-    assert all(k["batch_size"] <= 15 for k in before), before
+    assert all(k["batch_size"] <= 8 for k in before), before
     reacted = next(t for t, k in samples if t > step_at and k["workers"] == 2)
     assert reacted - step_at <= 1.5  # a meter window (0.5 s) and a tick (0.1 s), with a loaded machine's slack
     settled = [k for t, k in samples if t > step_at + 1.5]
     # by hand at 150 req/s: one worker at batch 15 carries 15 / 95 ms = 158 req/s, under rho = 0.8 126: two workers,
-    # whose cap is 1.5 (20 + 5n) <= 198 -> 22 (the fit sees the frontend's own ms on top of the sleep: a band below)
-    assert all(19 <= k["batch_size"] <= 22 and k["max_batch_delay_ms"] == 0 and k["workers"] == 2 for k in settled)
-    assert len({json.dumps(k, sort_keys=True) for k in settled}) == 1, settled  # no flapping once settled
+    # whose cap is 1.5 (20 + 5n) <= 198 -> 22 (the fit sees the frontend's own ms on top of the sleep: a band below),
+    # or twice the largest batch measured when that is less (the batches the step's backlog formed)
+    largest = describe(server, "step")["fit"]["largest"]
+    assert all(k["batch_size"] <= min(22, 2 * largest) for k in settled), (settled, largest)
+    assert all(k["max_batch_delay_ms"] == 0 and k["workers"] == 2 for k in settled), settled
+    # no flapping once settled: the cap may still grow (as the fit learns larger batches), never step back and forth
+    caps = [k["batch_size"] for k in settled]
+    assert caps == sorted(caps), caps
+    # where it settles: a larger cap that the load does not need waits HOLD_S, so it may come after the trace (the
+    # two workers stay for WORKERS_HOLD_S, and the law's cap for them with them); the margin is at most 15% of the
+    # SLA: 1.5 (20 + 5n) <= 168 -> 17 at the least
+    band = (min(17, 2 * largest), min(22, 2 * largest))
+    wait_for(lambda: band[0] <= describe(server, "step")["knobs"]["batch_size"] <= band[1], 4, f"a cap in {band}")
     late = [r for r in replies[len(replies) // 2 :] if served_ms(r) >= 200.0]
     assert len(late) <= len(replies) // 200  # P99 inside the SLA once the second worker serves
 
@@ -132,9 +143,9 @@ def served_ms(reply: Reply) -> float:
 
 
 def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can(server: EmbeddedServer) -> None:
-    for i in range(3):  # the fit learns t(1) = 100 ms
+    for i in range(MIN_SHED_BATCHES):  # the fit learns t(1) = 100 ms; a cold model sheds nothing meanwhile
         assert predict(server, "shed", f"warm{i}".encode()).status == 200
-    wait_for(lambda: describe(server, "shed")["fit"]["batches"] >= 3, 5, "three batches fitted")
+    wait_for(lambda: describe(server, "shed")["fit"]["batches"] >= MIN_SHED_BATCHES, 5, "the warm-up fitted")
 
     def timed(body: bytes) -> tuple[Reply, float]:
         started = time.monotonic()
