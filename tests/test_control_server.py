@@ -188,17 +188,26 @@ def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can
     assert "deadline" in refused.json()["error"]
 
 
-def test_a_deadline_that_passes_in_the_queue_is_answered_504_without_a_controller(server: EmbeddedServer) -> None:
-    # one worker, 300 ms a batch of one: of three requests sent at once with 100 ms each, the first is served and the
-    # others' deadlines pass while they wait; they get a clear 504, never a late answer or a closed connection
+def test_a_deadline_that_passes_in_the_queue_is_answered_504_at_the_deadline(server: EmbeddedServer) -> None:
+    # one worker, busy for a second (300 ms and 0.7 s more) with a request of no deadline; two requests with 100 ms
+    # each wait behind it: they get a clear 504 at their deadline, not when the worker frees, nor a late answer
+    def timed(body: bytes, headers: dict[str, str]) -> tuple[Reply, float]:
+        started = time.monotonic()
+        reply = predict(server, "plain", body, headers)
+        return reply, time.monotonic() - started
+
     with ThreadPoolExecutor(3) as pool:
-        replies = list(
-            pool.map(lambda i: predict(server, "plain", b"%d" % i, {"x-servetune-timeout-ms": "100"}), range(3))
-        )
-    statuses = Counter(r.status for r in replies)
-    assert statuses[200] >= 1 and statuses[504] >= 1 and statuses[200] + statuses[504] == 3, statuses
-    late = next(r for r in replies if r.status == 504).json()
-    assert late["type"] == "RequestTimeoutException" and "deadline" in late["message"]
+        busy = pool.submit(timed, b"sleep:0.7", {})
+        time.sleep(0.3)  # the busy request has reached the worker
+        waiting = [pool.submit(timed, b"%d" % i, {"x-servetune-timeout-ms": "100"}) for i in range(2)]
+        late = [f.result() for f in waiting]
+        served, served_s = busy.result()
+    assert served.status == 200 and served_s >= 0.95
+    for reply, seconds in late:
+        assert reply.status == 504, reply.body
+        assert seconds < 0.5, seconds  # at the deadline (100 ms), while the worker is still busy
+        body = reply.json()
+        assert body["type"] == "RequestTimeoutException" and "deadline" in body["message"]
 
 
 def metric_values(server: EmbeddedServer, name: str, model: str) -> dict[str, float]:
