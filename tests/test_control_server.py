@@ -29,9 +29,9 @@ STEP = {  # a = 20 ms, b = 5 ms, SLA P99 200 ms: at 20 req/s 1 worker, batch 15,
         "bounds": {"batch_size": [1, 32], "max_batch_delay_ms": [0, 100], "workers": [1, 2]},
     },
 }
-SHED = {  # 100 ms a request, one at a time: the third of a burst cannot make 250 ms
+SHED = {  # 100 ms a request, one at a time: the third of a burst cannot make 280 ms
     "controller": {
-        "slo": {"p99_ms": 250},
+        "slo": {"p99_ms": 280},
         "bounds": {"batch_size": [1, 1], "max_batch_delay_ms": [0, 0]},
         "shed": True,
     },
@@ -163,13 +163,13 @@ def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can
     served = [(r, s) for r, s in results if r.status == 200]
     shed = [(r, s) for r, s in results if r.status == 503]
     assert len(served) + len(shed) == 6
-    assert len(served) >= 2 and len(shed) >= 2  # 100 then 200 ms make 250 ms; 300 ms and more cannot
+    assert len(served) >= 2 and len(shed) >= 2  # 100, 200 ms make 280 ms (80 to spare); 300 ms cannot
     for reply, seconds in shed:
         assert seconds < 0.5, seconds  # at once, not after waiting its turn (300 ms and more)
         assert int(reply.headers["retry-after"]) >= 1
         assert "deadline" in reply.json()["message"]
     for reply, _ in served:
-        assert float(reply.headers["x-servetune-queue-ms"]) + float(reply.headers["x-servetune-handler-ms"]) < 250
+        assert float(reply.headers["x-servetune-queue-ms"]) + float(reply.headers["x-servetune-handler-ms"]) < 280
     assert describe(server, "shed")["shed"] >= len(shed)
 
     # the client's own deadline: 50 ms cannot hold a 100 ms model even when it is idle; 1 s can
