@@ -105,9 +105,9 @@ class Batcher:
         deadline = job.request.deadline
         if deadline is None or job.future.done():
             return
-        # the loop's clock is time.monotonic(), as the deadline's; the timer goes when the job is answered, so that
-        # it does not hold the job (and its request's body) until a distant deadline
-        timer = asyncio.get_running_loop().call_at(deadline, self._expire, job)
+        # call_later: the deadline is on time.monotonic(), whatever clock the loop keeps (uvloop's is its own); the
+        # timer goes when the job is answered, so that it does not hold the job (and its body) to a distant deadline
+        timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._expire, job)
         job.future.add_done_callback(lambda _: timer.cancel())
 
     def _expire(self, job: Job) -> None:
