@@ -8,9 +8,9 @@ import pytest
 from servetune._exceptions import ConfigError
 from servetune.control import Cost, Knobs, completion_ms, decide, parse_settings
 from servetune.control.estimate import RateMeter, ServiceFit
-from servetune.control.law import batch_cap, batch_needed
+from servetune.control.law import batch_cap, batch_needed, measured_bounds
 from servetune.control.policy import View, make_policy
-from servetune.control.slo_policy import WORKERS_HOLD_S
+from servetune.control.slo_policy import HOLD_S, WORKERS_HOLD_S
 
 COST = Cost(20.0, 5.0)  # a batch of n takes 20 + 5n ms
 
@@ -124,20 +124,26 @@ def test_invalid_settings_name_the_key(raw: dict[str, object], key: str) -> None
         parse_settings(raw, max_workers=8)
 
 
-def _view(now: float, rate: float, knobs: Knobs, fit: ServiceFit, settings_raw: dict[str, object]) -> View:
+def _view(
+    now: float, rate: float, knobs: Knobs, fit: ServiceFit, settings_raw: dict[str, object], margin_ms: float = 0.0
+) -> View:
     settings = parse_settings(settings_raw)
-    return View(now, now, rate, 0, 0, knobs, settings, fit, 0.0)
+    return View(now, now, rate, 0, 0, knobs, settings, fit, margin_ms)
+
+
+def _exact_fit(sizes: tuple[int, ...] = (1, 4, 2, 8, 3, 6, 12)) -> ServiceFit:
+    fit = ServiceFit()
+    for n in sizes:
+        fit.add(n, 20.0 + 5.0 * n)
+    return fit
 
 
 def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> None:
     raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 4]}}
-    fit = ServiceFit()
-    for n in (1, 4, 2, 8, 3, 6):
-        fit.add(n, 20.0 + 5.0 * n)
-    policy = make_policy(parse_settings(raw), Knobs(1, 0.0, 1))
-    low = Knobs(15, 0.0, 1)
-    decision = policy.decide(_view(0.0, 20.0, Knobs(1, 0.0, 1), fit, raw))
-    assert decision is not None and decision.knobs == low  # 15: the SLA's largest batch, no delay, one worker
+    fit = _exact_fit()  # batches up to 12 measured: the cap may go to 24
+    policy = make_policy(parse_settings(raw), Knobs(15, 0.0, 1))
+    low = Knobs(15, 0.0, 1)  # 15: the SLA's largest batch on one worker, no delay
+    assert policy.decide(_view(0.0, 20.0, low, fit, raw)) is None
     step = policy.decide(_view(1.0, 200.0, low, fit, raw))
     assert step is not None and step.knobs == Knobs(22, 0.0, 2)  # at the next tick: 200 / 126.3 -> 2 workers
     high = step.knobs
@@ -146,3 +152,72 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     assert policy.decide(_view(2.0 + WORKERS_HOLD_S / 2, 20.0, high, fit, raw)) is None
     back = policy.decide(_view(2.0 + WORKERS_HOLD_S, 20.0, high, fit, raw))
     assert back is not None and back.knobs == low  # ... for WORKERS_HOLD_S
+
+
+def test_measured_bounds_keep_the_cap_within_twice_the_largest_batch_seen() -> None:
+    assert measured_bounds((1, 32), 2) == (1, 4)
+    assert measured_bounds((1, 32), 0) == (1, 2)  # nothing seen: as if batches of one
+    assert measured_bounds((1, 32), 20) == (1, 32)  # the bounds still hold
+    assert measured_bounds((8, 32), 2) == (8, 8)  # never under the bounds' low end
+
+
+def test_b_stderr_and_the_cautious_line_by_hand() -> None:
+    fit = ServiceFit(decay=1.0)  # no forgetting: plain least squares
+    for n, t in ((1, 20.0), (1, 30.0), (3, 40.0), (3, 50.0)):
+        fit.add(n, t)
+    # n̄ = 2, t̄ = 35, Σ(n - n̄)² = 4, Σ(n - n̄)(t - t̄) = 40: b = 10, a = 15; residuals ±5: σ² = 25 over 4 batches,
+    # corrected for two parameters: 25 · 4 / 2 = 50; se(b) = sqrt(50) · sqrt(4) / 4 = 3.536
+    assert fit.coefficients() == pytest.approx((15.0, 10.0))
+    assert fit.b_stderr() == pytest.approx(50**0.5 / 2)
+    a, b = fit.cautious() or (0.0, 0.0)
+    assert b == pytest.approx(10.0 + 2 * 50**0.5 / 2)  # b + 2 se: 17.07
+    assert a + b * 2 == pytest.approx(35.0)  # turned about the batches' mean (2, 35 ms)
+    assert fit.largest == 3
+    exact = _exact_fit()
+    assert exact.b_stderr() == pytest.approx(0.0, abs=1e-6)  # no residual: the cautious line is the fit
+    assert exact.cautious() == pytest.approx((20.0, 5.0))
+
+
+def test_a_fit_from_batches_of_one_and_two_cannot_put_the_cap_at_its_bound() -> None:
+    # at low load the batches are of one request and now and then two; the batch times' noise puts b near 0
+    # (here: 26 ms for one, 26.5 ms for two): taken at its word the law's cap runs to the bound, 32
+    fit = ServiceFit()
+    for i in range(40):
+        fit.add(1, 26.0 if i % 2 else 27.0)
+        if i % 10 == 9:
+            fit.add(2, 26.5)
+    a, b = fit.coefficients() or (0.0, 0.0)
+    assert b < 0.5
+    assert decide(Cost(a, b), 20.0, 200.0, 0.0, (1, 32), (0, 100), (1, 1)).knobs.batch_size == 32
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 1]}}
+    policy = make_policy(parse_settings(raw), Knobs(4, 0.0, 1))
+    # the policy: within 2 x the largest batch seen (2), and b at its upper bound: 4 stands, for as long as it asks
+    for tick in range(50):
+        assert policy.decide(_view(tick * 0.1, 20.0, Knobs(4, 0.0, 1), fit, raw)) is None
+
+
+def test_the_cap_holds_while_the_margin_wobbles_and_moves_once_the_law_persists() -> None:
+    # one worker, SLA 240: the cap is floor(((238 - m) / 2 - 20) / 5): m = 20 -> 17, 50 -> 14, 60 -> 13
+    raw: dict[str, object] = {"slo": {"p99_ms": 240}, "bounds": {"batch_size": [1, 32], "workers": [1, 1]}}
+    fit = _exact_fit((1, 4, 2, 8, 3, 6, 16))
+    policy = make_policy(parse_settings(raw), Knobs(17, 0.0, 1))
+    at17 = Knobs(17, 0.0, 1)
+    for tick in range(100):  # ten seconds of a margin swinging 50 <-> 20 ms every half second: the cap stays
+        margin = 20.0 if (tick // 5) % 2 else 50.0
+        assert policy.decide(_view(tick * 0.1, 20.0, at17, fit, raw, margin)) is None
+    # then 50-60 ms for HOLD_S without a break: down, to the least change asked (14), not the most (13)
+    t = 10.0
+    for i in range(round(HOLD_S / 0.1)):
+        assert policy.decide(_view(t + i * 0.1, 20.0, at17, fit, raw, 60.0 if i == 3 else 50.0)) is None
+    down = policy.decide(_view(t + HOLD_S, 20.0, at17, fit, raw, 50.0))
+    assert down is not None and down.knobs == Knobs(14, 0.0, 1)
+    # up again (the margin back at 20 ms) waits as long at low load ...
+    at14 = down.knobs
+    assert policy.decide(_view(20.0, 20.0, at14, fit, raw, 20.0)) is None
+    assert policy.decide(_view(20.0 + HOLD_S / 2, 20.0, at14, fit, raw, 20.0)) is None
+    # ... but not when the load needs a larger batch: at 130 req/s n >= 0.02·130 / (0.8 - 0.65) = 17.3: 17 at once
+    up = policy.decide(_view(20.0 + HOLD_S / 2 + 0.1, 130.0, at14, fit, raw, 20.0))
+    assert up is not None and up.knobs == at17
+    # a cap predicted to miss the SLA even with no margin (30: 2 (20 + 150) = 340 > 238) comes down at once
+    cut = policy.decide(_view(30.0, 20.0, Knobs(30, 0.0, 1), fit, raw, 20.0))
+    assert cut is not None and cut.knobs == at17

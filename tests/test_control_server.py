@@ -19,6 +19,7 @@ import pytest
 
 from http_client import Reply, call, wait_for
 from models import sleep_archive
+from servetune.control.controller import MIN_SHED_BATCHES
 from servetune.embedded import EmbeddedServer
 
 STEP = {  # a = 20 ms, b = 5 ms, SLA P99 200 ms: at 20 req/s 1 worker, batch 15, no delay; at 150 2 workers, batch 22
@@ -28,9 +29,9 @@ STEP = {  # a = 20 ms, b = 5 ms, SLA P99 200 ms: at 20 req/s 1 worker, batch 15,
         "bounds": {"batch_size": [1, 32], "max_batch_delay_ms": [0, 100], "workers": [1, 2]},
     },
 }
-SHED = {  # 100 ms a request, one at a time: the third of a burst cannot make 250 ms
+SHED = {  # 100 ms a request, one at a time: the third of a burst cannot make 280 ms
     "controller": {
-        "slo": {"p99_ms": 250},
+        "slo": {"p99_ms": 280},
         "bounds": {"batch_size": [1, 1], "max_batch_delay_ms": [0, 0]},
         "shed": True,
     },
@@ -112,17 +113,27 @@ def test_after_a_load_step_the_knobs_settle_where_the_cost_says(server: Embedded
     assert {r.status for r in replies} == {200}
     before = [k for t, k in samples if step_at - 0.5 < t < step_at]
     # by hand: one worker at 20 req/s, no delay, batch 15 (2 (20 + 5n) <= 198); evenly spaced requests mostly run
-    # alone, so b is told from a few batches of two, if at all (then the batch size stays as registered, 8): the cap
-    # is never above the SLA's
+    # alone, so b is told from a few batches of two, if at all (then the batch size stays as registered, 8), and
+    # the cap stays within twice the largest batch seen: never above the SLA's, never at the bound (32)
     assert before and all(k["max_batch_delay_ms"] == 0 and k["workers"] == 1 for k in before), before
-    assert all(k["batch_size"] <= 15 for k in before), before
+    assert all(k["batch_size"] <= 8 for k in before), before
     reacted = next(t for t, k in samples if t > step_at and k["workers"] == 2)
     assert reacted - step_at <= 1.5  # a meter window (0.5 s) and a tick (0.1 s), with a loaded machine's slack
     settled = [k for t, k in samples if t > step_at + 1.5]
     # by hand at 150 req/s: one worker at batch 15 carries 15 / 95 ms = 158 req/s, under rho = 0.8 126: two workers,
-    # whose cap is 1.5 (20 + 5n) <= 198 -> 22 (the fit sees the frontend's own ms on top of the sleep: a band below)
-    assert all(19 <= k["batch_size"] <= 22 and k["max_batch_delay_ms"] == 0 and k["workers"] == 2 for k in settled)
-    assert len({json.dumps(k, sort_keys=True) for k in settled}) == 1, settled  # no flapping once settled
+    # whose cap is 1.5 (20 + 5n) <= 198 -> 22 (the fit sees the frontend's own ms on top of the sleep: a band below),
+    # or twice the largest batch measured when that is less (the batches the step's backlog formed)
+    largest = describe(server, "step")["fit"]["largest"]
+    assert all(k["batch_size"] <= min(22, 2 * largest) for k in settled), (settled, largest)
+    assert all(k["max_batch_delay_ms"] == 0 and k["workers"] == 2 for k in settled), settled
+    # no flapping once settled: the cap may still grow (as the fit learns larger batches), never step back and forth
+    caps = [k["batch_size"] for k in settled]
+    assert caps == sorted(caps), caps
+    # where it settles: a larger cap that the load does not need waits HOLD_S, so it may come after the trace (the
+    # two workers stay for WORKERS_HOLD_S, and the law's cap for them with them); the margin is at most 15% of the
+    # SLA: 1.5 (20 + 5n) <= 168 -> 17 at the least
+    band = (min(17, 2 * largest), min(22, 2 * largest))
+    wait_for(lambda: band[0] <= describe(server, "step")["knobs"]["batch_size"] <= band[1], 4, f"a cap in {band}")
     late = [r for r in replies[len(replies) // 2 :] if served_ms(r) >= 200.0]
     assert len(late) <= len(replies) // 200  # P99 inside the SLA once the second worker serves
 
@@ -132,9 +143,9 @@ def served_ms(reply: Reply) -> float:
 
 
 def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can(server: EmbeddedServer) -> None:
-    for i in range(3):  # the fit learns t(1) = 100 ms
+    for i in range(MIN_SHED_BATCHES):  # the fit learns t(1) = 100 ms; a cold model sheds nothing meanwhile
         assert predict(server, "shed", f"warm{i}".encode()).status == 200
-    wait_for(lambda: describe(server, "shed")["fit"]["batches"] >= 3, 5, "three batches fitted")
+    wait_for(lambda: describe(server, "shed")["fit"]["batches"] >= MIN_SHED_BATCHES, 5, "the warm-up fitted")
 
     def timed(body: bytes) -> tuple[Reply, float]:
         started = time.monotonic()
@@ -152,13 +163,13 @@ def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can
     served = [(r, s) for r, s in results if r.status == 200]
     shed = [(r, s) for r, s in results if r.status == 503]
     assert len(served) + len(shed) == 6
-    assert len(served) >= 2 and len(shed) >= 2  # 100 then 200 ms make 250 ms; 300 ms and more cannot
+    assert len(served) >= 2 and len(shed) >= 2  # 100, 200 ms make 280 ms (80 to spare); 300 ms cannot
     for reply, seconds in shed:
         assert seconds < 0.5, seconds  # at once, not after waiting its turn (300 ms and more)
         assert int(reply.headers["retry-after"]) >= 1
         assert "deadline" in reply.json()["message"]
     for reply, _ in served:
-        assert float(reply.headers["x-servetune-queue-ms"]) + float(reply.headers["x-servetune-handler-ms"]) < 250
+        assert float(reply.headers["x-servetune-queue-ms"]) + float(reply.headers["x-servetune-handler-ms"]) < 280
     assert describe(server, "shed")["shed"] >= len(shed)
 
     # the client's own deadline: 50 ms cannot hold a 100 ms model even when it is idle; 1 s can
@@ -177,17 +188,26 @@ def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can
     assert "deadline" in refused.json()["error"]
 
 
-def test_a_deadline_that_passes_in_the_queue_is_answered_504_without_a_controller(server: EmbeddedServer) -> None:
-    # one worker, 300 ms a batch of one: of three requests sent at once with 100 ms each, the first is served and the
-    # others' deadlines pass while they wait; they get a clear 504, never a late answer or a closed connection
+def test_a_deadline_that_passes_in_the_queue_is_answered_504_at_the_deadline(server: EmbeddedServer) -> None:
+    # one worker, busy for a second (300 ms and 0.7 s more) with a request of no deadline; two requests with 100 ms
+    # each wait behind it: they get a clear 504 at their deadline, not when the worker frees, nor a late answer
+    def timed(body: bytes, headers: dict[str, str]) -> tuple[Reply, float]:
+        started = time.monotonic()
+        reply = predict(server, "plain", body, headers)
+        return reply, time.monotonic() - started
+
     with ThreadPoolExecutor(3) as pool:
-        replies = list(
-            pool.map(lambda i: predict(server, "plain", b"%d" % i, {"x-servetune-timeout-ms": "100"}), range(3))
-        )
-    statuses = Counter(r.status for r in replies)
-    assert statuses[200] >= 1 and statuses[504] >= 1 and statuses[200] + statuses[504] == 3, statuses
-    late = next(r for r in replies if r.status == 504).json()
-    assert late["type"] == "RequestTimeoutException" and "deadline" in late["message"]
+        busy = pool.submit(timed, b"sleep:0.7", {})
+        time.sleep(0.3)  # the busy request has reached the worker
+        waiting = [pool.submit(timed, b"%d" % i, {"x-servetune-timeout-ms": "100"}) for i in range(2)]
+        late = [f.result() for f in waiting]
+        served, served_s = busy.result()
+    assert served.status == 200 and served_s >= 0.95
+    for reply, seconds in late:
+        assert reply.status == 504, reply.body
+        assert seconds < 0.5, seconds  # at the deadline (100 ms), while the worker is still busy
+        body = reply.json()
+        assert body["type"] == "RequestTimeoutException" and "deadline" in body["message"]
 
 
 def metric_values(server: EmbeddedServer, name: str, model: str) -> dict[str, float]:

@@ -152,6 +152,32 @@ def test_batcher_drops_a_job_whose_deadline_passed() -> None:
     asyncio.run(main())
 
 
+def test_batcher_answers_a_queued_deadline_at_the_deadline() -> None:
+    """Nobody asks for a batch (every worker busy): a queued job is answered 504 at its deadline, and leaves the
+    queue; a job taken into a batch before its deadline is left alone when the deadline passes while it runs."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(batch_size=1, max_delay_s=0.0, capacity=10)
+        running, waiting, other = _job(loop, "running"), _job(loop, "waiting"), _job(loop, "other")
+        running.request.deadline = time.monotonic() + 0.05
+        waiting.request.deadline = time.monotonic() + 0.05
+        batcher.put(running)
+        assert [j.request.request_id for j in await batcher.next_batch()] == ["running"]
+        batcher.put(waiting)
+        batcher.put(other)  # no deadline: it stays
+        start = loop.time()
+        with pytest.raises(ApiError) as raised:
+            await asyncio.wait_for(waiting.future, 1.0)  # with no timer it would wait for the next batch
+        assert raised.value.status == 504 and loop.time() - start < 0.2
+        assert len(batcher) == 1 and batcher.dropped_disconnected == 1
+        await asyncio.sleep(0.01)
+        assert not running.future.done()  # its deadline passed while it ran: the worker's answer decides
+        assert [j.request.request_id for j in await batcher.next_batch()] == ["other"]
+
+    asyncio.run(main())
+
+
 def test_batcher_cancel_loses_nothing() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()

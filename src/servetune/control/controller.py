@@ -28,6 +28,7 @@ log = logging.getLogger("servetune.control")
 REASONS = ("full", "delay", "deadline", "solo")
 ERROR_DECAY = 0.98
 MARGIN_SHARE = 0.15
+MIN_SHED_BATCHES = 5  # a cold model sheds nothing: its first batches (a worker warming up) tell its cost poorly
 
 
 class Actuator(Protocol):
@@ -193,7 +194,7 @@ class Controller:
         if not self.policy.shed:
             return
         cost = self._cost
-        if cost is None:
+        if cost is None or self.fit.count < MIN_SHED_BATCHES:
             return
         limit = arrival + self.settings.target_ms / 1000.0
         if deadline is not None and deadline < limit:
@@ -282,9 +283,11 @@ class Controller:
             "fit": {
                 "a_ms": round(found[0], 3) if found else None,
                 "b_ms": round(found[1], 3) if found else None,
+                "b_stderr_ms": _finite(self.fit.b_stderr()),
                 "spread_ms": round(self.fit.spread_ms(), 3),
                 "margin_ms": round(self.margin_ms, 3),
                 "batches": self.fit.count,
+                "largest": self.fit.largest,
             },
             "batches": dict(self.batches),
             "shed": self.shed_count,
@@ -294,4 +297,8 @@ class Controller:
         }
 
 
-__all__ = ["REASONS", "Actuator", "Controller"]
+def _finite(value: float) -> float | None:
+    return round(value, 3) if math.isfinite(value) else None
+
+
+__all__ = ["MIN_SHED_BATCHES", "REASONS", "Actuator", "Controller"]

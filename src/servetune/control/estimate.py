@@ -1,7 +1,8 @@
 """What the controller measures as it serves: the arrival rate (:class:`RateMeter`) and each knob set's service time,
-a batch of n taking a + b·n (:class:`ServiceFit`, a least-squares fit that forgets old batches).
+a batch of n taking a + b·n (:class:`ServiceFit`, a least-squares fit that forgets old batches, with b's standard
+error and the largest batch it has seen, so that the law does not trust it far past what it measured).
 
-Both are O(1) per request or batch: an arrival adds one to a counter, a batch updates five sums.
+Both are O(1) per request or batch: an arrival adds one to a counter, a batch updates a few sums.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class _Sums:
     t: float = 0.0
     nt: float = 0.0
     tt: float = 0.0
+    # the same with the weights squared (they decay as decay**2): b's standard error needs them
+    w2: float = 0.0
+    w2n: float = 0.0
+    w2nn: float = 0.0
     count: int = 0
 
 
@@ -60,12 +65,17 @@ class ServiceFit:
     """A batch's time as a + b·n (milliseconds), fitted by least squares over the batches served, each older batch
     weighing ``decay`` times less (0.99: the last ~100 batches count most), so that the fit follows a model whose cost
     drifts (another model sharing the cores). Where the batches seen were all of one size, b is unknown: a larger
-    batch is predicted to cost in proportion (pessimistic), a smaller one as much (pessimistic too)."""
+    batch is predicted to cost in proportion (pessimistic), a smaller one as much (pessimistic too).
+
+    How far the fit can be trusted: :meth:`cautious` tilts the line to b's upper confidence bound (a fit from batches
+    of one and two sizes tells b poorly, and an underestimated b would let the law's cap run to its bound), and
+    :attr:`largest` is the largest batch seen, past which the law extrapolates only so far (``law.EXTRAPOLATE``)."""
 
     def __init__(self, decay: float = 0.99) -> None:
         self.decay = decay
         self._s = _Sums()
         self._last: tuple[float, float] | None = None  # the last (a, b) told: kept while one batch size is seen
+        self.largest = 0  # the largest batch seen (not forgotten: a model's cost at n stays observable)
 
     @property
     def count(self) -> int:
@@ -79,7 +89,12 @@ class ServiceFit:
         s.t = s.t * d + t_ms
         s.nt = s.nt * d + n * t_ms
         s.tt = s.tt * d + t_ms * t_ms
+        d2 = d * d
+        s.w2 = s.w2 * d2 + 1.0
+        s.w2n = s.w2n * d2 + n
+        s.w2nn = s.w2nn * d2 + n * n
         s.count += 1
+        self.largest = max(self.largest, n)
 
     def coefficients(self) -> tuple[float, float] | None:
         """(a, b) in ms, both >= 0; None until b can be told (batches of two sizes seen). While the recent batches
@@ -98,6 +113,38 @@ class ServiceFit:
             a, b = 0.0, (s.nt / s.w) / (s.nn / s.w)
         self._last = (a, b)
         return a, b
+
+    def b_stderr(self) -> float:
+        """b's standard error (ms per request) under the weights: the residual spread over the spread of the batch
+        sizes, ``σ·sqrt(Σw²(n - n̄)²) / Σw(n - n̄)²``, with σ corrected for the two parameters fitted on the
+        batches' effective count ``(Σw)² / Σw²``. Infinite while b cannot be told."""
+        s = self._s
+        if s.w <= 0 or self.coefficients() is None:
+            return math.inf
+        mean_n = s.n / s.w
+        sxx = s.nn - s.n * mean_n  # Σw(n - n̄)²
+        if sxx <= 0:
+            return math.inf
+        s2xx = max(0.0, s.w2nn - 2.0 * mean_n * s.w2n + mean_n * mean_n * s.w2)  # Σw²(n - n̄)²
+        effective = s.w * s.w / s.w2
+        sigma = self.spread_ms() * math.sqrt(effective / max(1.0, effective - 2.0))
+        return sigma * math.sqrt(s2xx) / sxx
+
+    def cautious(self, z: float = 2.0) -> tuple[float, float] | None:
+        """(a, b) with b at its upper confidence bound ``b + z·se(b)``, the line turned about the batches' mean
+        (n̄, t̄): it predicts what was measured near n̄, and more for a larger batch the less b is known. None
+        until b can be told. The law sizes the batch cap with it."""
+        fit = self.coefficients()
+        seen = self.mean()
+        if fit is None or seen is None:
+            return None
+        se = self.b_stderr()
+        if not math.isfinite(se):
+            return fit
+        mean_n = seen[0]
+        a, b = fit
+        b_high = b + z * se
+        return max(0.0, a + b * mean_n - b_high * mean_n), b_high
 
     def mean(self) -> tuple[float, float] | None:
         """(mean batch size, mean batch time ms) of the batches weighed, None before any."""

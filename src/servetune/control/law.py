@@ -13,6 +13,10 @@ worker, its threads), the arrival rate λ, the SLA's latency L and the knobs' bo
    n_need = the smallest batch with ``(λ/W)·t(n) <= ρ·n``, decides whether the knobs can hold the load at all
    (``feasible``: n_need <= n_cap).
 
+What the fit can tell: the law sizes the cap on the fit's cautious cost (b at its upper confidence bound,
+``ServiceFit.cautious``) and never past ``EXTRAPOLATE`` times the largest batch measured (:func:`measured_bounds`):
+a fit from batches of one and two tells b poorly, and a b underestimated would put the cap at its bound.
+
 Admission (:func:`completion_ms`): a request's completion is predicted from the requests ahead of it, the workers'
 running batches and t(n); a request predicted to finish after its deadline is shed.
 """
@@ -26,6 +30,7 @@ from servetune.control.settings import Knobs
 
 RHO = 0.8  # the busy share per worker the law keeps under: headroom for bursts and the fit's error
 SLACK_MS = 2.0  # the host's scheduling and the frontend's own time, per request
+EXTRAPOLATE = 2  # the cap stays within this many times the largest batch measured, until larger ones are seen
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,14 @@ def batch_cap(cost: Cost, budget_ms: float, delay_ms: float, bounds: tuple[int, 
     return max(bounds[0], min(bounds[1], n))
 
 
+def measured_bounds(bounds: tuple[int, int], largest: int) -> tuple[int, int]:
+    """The batch-size bounds narrowed to what the fit has measured: at most ``EXTRAPOLATE`` times the largest batch
+    seen (never under the bounds' low end). Under load, full batches at the cap are seen and the cap doubles from
+    tick to tick up to what the SLA allows; at low load it stays near the batches that form."""
+    low, high = bounds
+    return low, max(low, min(high, EXTRAPOLATE * max(1, largest)))
+
+
 def batch_needed(cost: Cost, rate: float, workers: int, rho: float = RHO) -> int | None:
     """The smallest n with ``(rate / workers)·t(n) <= rho·n``; None when no batch size is enough."""
     per_worker = rate / workers / 1000.0  # requests per ms
@@ -94,21 +107,25 @@ def decide(
     batch_bounds: tuple[int, int],
     delay_bounds: tuple[int, int],
     worker_bounds: tuple[int, int],
+    cap_cost: Cost | None = None,
 ) -> LawResult:
-    """The law's knobs for this cost, rate and SLA (see the module). ``worker_bounds`` = (W, W) holds workers."""
+    """The law's knobs for this cost, rate and SLA (see the module). ``worker_bounds`` = (W, W) holds workers.
+    ``cap_cost`` (the fit's cautious cost; default ``cost``) sizes the cap and its worst case: the cap bounds the
+    worst latency, so it takes the pessimistic line, while the workers and the batch the load needs take the fit."""
+    capped = cap_cost or cost
     budget = target_ms - margin_ms - SLACK_MS
     delay = float(delay_bounds[0])
     # 2. workers: the fewest that carry the load under rho at the cap the fewest allow (then the cap for them)
-    n_cap = batch_cap(cost, budget, delay, batch_bounds, worker_bounds[0])
+    n_cap = batch_cap(capped, budget, delay, batch_bounds, worker_bounds[0])
     capacity = n_cap / cost.t(n_cap) * 1000.0  # requests per second per worker
     workers = max(worker_bounds[0], min(worker_bounds[1], math.ceil(rate / (RHO * capacity) - 1e-9)))
-    n_cap = batch_cap(cost, budget, delay, batch_bounds, workers)
+    n_cap = batch_cap(capped, budget, delay, batch_bounds, workers)
     # 3. the delay: its lower bound; the batch the load needs tells whether these knobs hold the load at all
     needed = batch_needed(cost, rate, workers)
     feasible = needed is not None and needed <= n_cap
     n_need = min(needed, n_cap) if needed is not None else n_cap
     utilization = rate / workers / 1000.0 * cost.t(n_need) / n_need
-    worst = delay + wait_factor(workers) * cost.t(n_cap)
+    worst = delay + wait_factor(workers) * capped.t(n_cap)
     return LawResult(Knobs(n_cap, delay, workers), rate, n_need, utilization, worst, feasible)
 
 
@@ -138,6 +155,7 @@ def completion_ms(
 
 __all__ = [
     "RHO",
+    "EXTRAPOLATE",
     "SLACK_MS",
     "Cost",
     "LawResult",
@@ -145,5 +163,6 @@ __all__ = [
     "batch_needed",
     "completion_ms",
     "decide",
+    "measured_bounds",
     "wait_factor",
 ]

@@ -50,6 +50,11 @@ class View:
         found = self.fit.coefficients()
         return Cost(*found) if found is not None else None
 
+    def cautious_cost(self) -> Cost | None:
+        """The fitted cost with b at its upper confidence bound (``ServiceFit.cautious``); None before b is told."""
+        found = self.fit.cautious()
+        return Cost(*found) if found is not None else None
+
     @property
     def workers_bounds(self) -> tuple[int, int]:
         """The workers bounds, or the current workers held when the settings give none."""

@@ -1,7 +1,8 @@
 """Dynamic batching for one model: wait for the first request, then collect up to ``batch_size``
 requests within ``max_delay`` of that request's arrival (not of the moment a worker asked, as
 TorchServe does: pytorch/serve#2478), or sooner when a controller says the oldest request would miss its deadline
-(``dispatch_by``). Idle workers take turns collecting; the queue is bounded.
+(``dispatch_by``). Idle workers take turns collecting; the queue is bounded. A queued job whose deadline passes is
+answered at the deadline (a timer per job that has one), not when a worker next asks for a batch.
 """
 
 from __future__ import annotations
@@ -88,12 +89,35 @@ class Batcher:
         if len(self._queue) >= self.capacity:
             raise QueueFull
         self._queue.append(job)
+        self._expire_at_deadline(job)
         self._arrived.set()
 
     def put_front(self, jobs: list[Job]) -> None:
         """Return jobs to the head of the queue (a retry after a worker died), ignoring capacity."""
         self._queue.extendleft(reversed(jobs))
+        for job in jobs:
+            self._expire_at_deadline(job)
         self._arrived.set()
+
+    def _expire_at_deadline(self, job: Job) -> None:
+        """A job with a deadline leaves the queue at that deadline (504 to a client still waiting): the workers may
+        all be busy long past it, and the client should not wait for one of them to ask for a batch to learn it."""
+        deadline = job.request.deadline
+        if deadline is None or job.future.done():
+            return
+        # call_later: the deadline is on time.monotonic(), whatever clock the loop keeps (uvloop's is its own); the
+        # timer goes when the job is answered, so that it does not hold the job (and its body) to a distant deadline
+        timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._expire, job)
+        job.future.add_done_callback(lambda _: timer.cancel())
+
+    def _expire(self, job: Job) -> None:
+        if job.future.done():  # answered (or cancelled) already: the usual case, nothing to look for
+            return
+        for i, queued in enumerate(self._queue):  # only jobs still waiting or running at their deadline get here
+            if queued is job:
+                del self._queue[i]
+                self._discard(job)
+                return
 
     def drain(self) -> list[Job]:
         jobs = list(self._queue)
