@@ -9,12 +9,14 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+import ray_cluster
 from servetune.embedded import EmbeddedServer
 
 
@@ -120,6 +122,16 @@ LONGEST_FIRST = [
     "test_optimize_variants.py",
 ]
 RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the run's controller (or the only process): its workers inherit this
+        os.environ.setdefault(ray_cluster.RUN_ENV, uuid.uuid4().hex)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        ray_cluster.stop_shared()  # the Ray cluster the run's tests shared, if one started it
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
