@@ -9,12 +9,15 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import psutil
 import pytest
 
+import ray_cluster
 from servetune.embedded import EmbeddedServer
 
 
@@ -100,8 +103,8 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
 
 # The suite runs on two xdist workers, a whole test file to a worker (``--dist loadfile --no-loadscope-reorder``:
 # a module's server starts once), the longest files first, files with tests on Ray alternating with the others (the
-# first four go two to each worker). A test on Ray (a Ray instance, a dozen processes) holds a lock while it runs,
-# so that two never run at once on two cores.
+# first four go two to each worker). Tests on Ray (a Ray instance, a dozen processes) hold a lock while they run,
+# so that two never run at once on two cores (``pytest_runtest_protocol``).
 LONGEST_FIRST = [
     "test_tune_ray.py",  # Ray
     "test_pt2.py",
@@ -122,16 +125,41 @@ LONGEST_FIRST = [
 RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the run's controller (or the only process): its workers inherit this
+        os.environ.setdefault(ray_cluster.RUN_ENV, uuid.uuid4().hex)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        ray_cluster.stop_shared()  # the Ray cluster the run's tests shared, if one started it
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+RAY_LOCK: list[IO[str]] = []  # the Ray lock while this worker holds it
+
+
+def on_ray(item: pytest.Item) -> bool:
+    return item.path.name in RAY_FILES or "[ray" in item.nodeid
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A run of consecutive Ray tests of one file holds the Ray lock from its first test to the teardown of its last:
+    a module's server on the run's shared cluster (ray_cluster.py) is never disturbed by another file's."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None or not (item.path.name in RAY_FILES or "[ray" in item.nodeid):
+    if run is None or not on_ray(item):
         return (yield)
-    with open(Path(tempfile.gettempdir()) / f"servetune-tests-{run}.ray.lock", "a") as lock:
+    if not RAY_LOCK:
+        lock = open(Path(tempfile.gettempdir()) / f"servetune-tests-{run}.ray.lock", "a")  # noqa: SIM115
         fcntl.flock(lock, fcntl.LOCK_EX)
+        RAY_LOCK.append(lock)
+    try:
         return (yield)
+    finally:
+        if nextitem is None or nextitem.path != item.path or not on_ray(nextitem):
+            RAY_LOCK.pop().close()  # closing the file releases the lock

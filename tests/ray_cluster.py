@@ -2,10 +2,16 @@
 stopped by the process ids they started (never ``ray stop``, which would stop every Ray cluster on the machine).
 
     from ray_cluster import cluster_fixture  # noqa: F401  (the module-scoped fixture ``cluster``)
+
+One two-node cluster serves the whole test run (``shared_cluster``): the first test that asks starts it, on whichever
+xdist worker, and the run's end stops it (``stop_shared``, from tests/conftest.py). Tests on Ray run one at a time
+(the Ray lock in tests/conftest.py), and each servetune server on it shuts its Serve instance down when it stops.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import socket
@@ -111,6 +117,19 @@ class LocalRayCluster:
                     pass
         return [p for p in found.values() if p.pid != os.getpid()]
 
+    def state(self) -> dict[str, object]:
+        return {"temp_dir": str(self.temp_dir), "gcs_port": self.gcs_port, "address": self.address}
+
+    @classmethod
+    def attach(cls, state: dict[str, object]) -> LocalRayCluster:
+        """The cluster another process started, from its ``state()``."""
+        cluster = cls.__new__(cls)
+        cluster.temp_dir = Path(str(state["temp_dir"]))
+        cluster.gcs_port = int(str(state["gcs_port"]))
+        cluster.address = str(state["address"])
+        cluster.head_cpus, cluster.node_cpus, cluster.log = 0, (), []
+        return cluster
+
     def stop(self) -> None:
         procs = self.processes()
         for proc in procs:
@@ -118,7 +137,7 @@ class LocalRayCluster:
                 proc.terminate()
             except psutil.NoSuchProcess:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=5)
+        _, alive = psutil.wait_procs(procs, timeout=2)  # some of Ray's processes never exit on SIGTERM
         for proc in alive:
             try:
                 proc.kill()
@@ -128,21 +147,49 @@ class LocalRayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+RUN_ENV = "SERVETUNE_TEST_RUN"  # set once per test run by tests/conftest.py, inherited by the xdist workers
+
+
+def _state_file() -> Path:
+    return Path(tempfile.gettempdir()) / f"servetune-tests-{os.environ.get(RUN_ENV, os.getpid())}.ray-cluster.json"
+
+
+def shared_cluster() -> LocalRayCluster:
+    """The run's cluster: a head (2 CPUs) and a second node (1 CPU), started by the first caller of any process."""
+    state = _state_file()
+    with open(state.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if state.exists():
+            return LocalRayCluster.attach(json.loads(state.read_text()))
+        cluster = LocalRayCluster().start()
+        state.write_text(json.dumps(cluster.state()))
+        return cluster
+
+
+def stop_shared() -> None:
+    """Stop the run's cluster, if a test started one (the run's end)."""
+    state = _state_file()
+    if not state.exists():
+        return
+    cluster = LocalRayCluster.attach(json.loads(state.read_text()))
+    cluster.stop()
+    state.unlink()
+    state.with_suffix(".lock").unlink(missing_ok=True)
+    assert not cluster.processes(), "Ray processes outlived the cluster"
+
+
 @pytest.fixture(scope="module", name="cluster")
 def cluster_fixture() -> Iterator[LocalRayCluster]:
-    """A head (2 CPUs) and a second node (1 CPU) for the test module."""
+    """The run's cluster (``shared_cluster``), with Ray's auth mode set for the module's servers."""
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = AUTH_MODE  # inherited by the driver subprocess
-    ray_cluster = LocalRayCluster()
     try:
-        yield ray_cluster.start()
+        yield shared_cluster()
     finally:
-        ray_cluster.stop()
         if saved is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = saved
-    assert not ray_cluster.processes(), "Ray processes outlived the cluster"
 
 
 def run_cli_without_ray(args: list[str]) -> subprocess.CompletedProcess[str]:

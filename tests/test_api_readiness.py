@@ -43,17 +43,15 @@ def status_of(method: str, url: str) -> int:
 
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
-    """One Ray head for the module's Ray tests (each server connects to it, and shuts its Serve instance down when it
-    stops): one Ray start instead of one per test. Started by the first test that asks for it."""
-    from ray_cluster import AUTH_MODE, LocalRayCluster
+    """The run's Ray cluster (``ray_cluster.shared_cluster``): each server connects to it and shuts its Serve instance
+    down when it stops. Asked for by the first Ray test."""
+    from ray_cluster import AUTH_MODE, shared_cluster
 
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = AUTH_MODE  # inherited by the servers
-    head = LocalRayCluster(head_cpus=4, node_cpus=())
     try:
-        yield head.start().address
+        yield shared_cluster().address
     finally:
-        head.stop()
         if saved is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:

@@ -272,11 +272,17 @@ def assert_close(served: Any, reference: Any, atol: float, rtol: float) -> None:
 
 
 def served_batch(server: RunningServer, model: str, bodies: list[bytes], content_type: str) -> list[Reply]:
-    """Set ``model``'s batch size to ``len(bodies)`` (in place) and send them at once: one batch of that size."""
+    """Set ``model``'s batch size to ``len(bodies)`` (in place) and send them at once: one batch of that size. The
+    model's batching is put back after (a lone request would wait out the 30 s delay)."""
     size = len(bodies)
+    [before] = call("GET", f"{server.management_url}/models/{model}").json()
     changed = call("PUT", f"{server.management_url}/models/{model}?batch_size={size}&max_batch_delay=30000")
     assert changed.status == 200, changed.body
-    replies = burst("POST", f"{server.inference_url}/predictions/{model}", bodies, {"Content-Type": content_type})
+    try:
+        replies = burst("POST", f"{server.inference_url}/predictions/{model}", bodies, {"Content-Type": content_type})
+    finally:
+        back = f"batch_size={before['batchSize']}&max_batch_delay={before['maxBatchDelay']}"
+        assert call("PUT", f"{server.management_url}/models/{model}?{back}").status == 200
     assert [r.status for r in replies] == [200] * size, [r.body[:300] for r in replies]
     assert {int(r.headers["x-servetune-batch-size"]) for r in replies} == {size}
     return replies

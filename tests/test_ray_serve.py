@@ -153,8 +153,9 @@ def test_tuner_tunes_the_ray_deployment_through_its_management_api(server: Embed
     (tmp_path / "in.txt").write_text("hello")
     study_file = tmp_path / "study.yaml"
     study_file.write_text(
-        "model: sleep\narchive: in.txt\ninput: in.txt\nsla: {p99_ms: 2000}\nstrategy: grid\nbudget: 2m\n"
-        "space: {workers: [1], batch_size: [1, 4], batch_delay_ms: [20]}\nload: {duration: 2s, warmup: 1s}\n"
+        "model: sleep\narchive: in.txt\ninput: in.txt\nsla: {p99_ms: 2000}\nbudget: 2m\n"
+        "strategy: {name: grid, remeasure: 0, finalists: 0}\n"  # re-measures and finalists: test_tune_e2e.py
+        "space: {workers: [1], batch_size: [1, 4], batch_delay_ms: [20]}\nload: {duration: 1.5s, warmup: 0.5s}\n"
     )
     result = tune(load_study(study_file), tmp_path / "out", remote=Remote(server.inference_url, server.management_url))
     winner = result.analysis.winner

@@ -4,7 +4,9 @@ Each batch costs 100 ms + 20 ms x batch size, and at most 2 batches run at once 
 Clients = batch size x workers (closed loop), SLA P99 <= 300 ms. By hand (``expected_closed_loop``): 2 workers x
 batch 4 serve 44 req/s in 180 ms; batch 16 takes 420 ms (misses); a third worker only makes a batch wait a turn
 (360 ms at batch 4, a miss); everything else that meets the SLA serves at most half as much. The answer holds
-with or without a few tens of ms of serving overhead per request, so noise on a busy machine cannot flip it.
+with or without a few tens of ms of serving overhead per request. A stall is larger: beside another test file, a CI
+run measured 2 x 4 at P99 433 ms once (other processes took the cores); such a run is marked contended, and a
+config that missed only in its tail in a contended run is measured again (``remeasure``), its runs in peace judged.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def study_file(folder: Path, model: Path, **changes: Any) -> Path:
         "sla": {"p99_ms": SLA_MS},
         "space": SPACE,
         "load": FAST_LOAD,
-        "strategy": {"name": "grid", "remeasure": 1, "finalists": 0},
+        "strategy": {"name": "grid", "remeasure": 2, "finalists": 0},
         "contention": {"retries": 0},
     }
     study.update(changes)
@@ -79,7 +81,11 @@ def test_grid_stops_at_its_budget_and_resumes_without_repeating_trials(grid: tup
     assert first.measured == 4 and first.stopped is not None and "trial budget" in first.stopped
     assert second.resumed == 4 and second.measured == len(second.trials) - 4 and second.stopped is None
     assert [t.to_dict() for t in second.trials[:4]] == [t.to_dict() for t in first.trials]
-    assert len({(t.config, t.repeat) for t in second.trials}) == len(second.trials) == 9 + 1
+    # every config once, the best again, and up to 2 configs that missed only in a run disturbed by other processes
+    assert len({(t.config, t.repeat) for t in second.trials}) == len(second.trials)
+    assert sorted({t.config for t in second.trials}) == sorted(Config("eager/cpu", w, b, 50) for w in SPACE["workers"]
+                                                              for b in SPACE["batch_size"])  # fmt: skip
+    assert 9 + 1 <= len(second.trials) <= 9 + 1 + 2
     lines = (second.out_dir / "trials.jsonl").read_text().splitlines()
     assert len(lines) == 1 + len(second.trials)
 
@@ -104,7 +110,7 @@ def test_grid_finds_the_best_config_and_writes_every_output(grid: tuple[TuneResu
 
 
 def test_adaptive_agrees_with_grid(tmp_path: Path, model: Path, grid: tuple[TuneResult, TuneResult]) -> None:
-    strategy = {"name": "adaptive", "remeasure": 1, "finalists": 0}
+    strategy = {"name": "adaptive", "remeasure": 2, "finalists": 0}
     result = tune(load_study(study_file(tmp_path, model, strategy=strategy)), tmp_path / "o")
     assert result.analysis.winner is not None
     assert result.analysis.winner.config == grid[1].analysis.winner.config == BEST  # type: ignore[union-attr]

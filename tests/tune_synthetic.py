@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from servetune.bench.host import HostUsage
 from servetune.bench.result import BenchResult, ClientUsage, Distribution, LatencySummary, ServerBreakdown
 from servetune.tune.space import Space
 from servetune.tune.strategies import Proposal, load_strategy
@@ -29,9 +30,10 @@ def result(
     sent: int = 1000,
     config: Config | None = None,
     handler_ms: float | None = None,
+    others_cores: float | None = None,
 ) -> BenchResult:
     """A made-up load run; ``handler_ms``: the server's handler time per batch (full batches), as its timing
-    headers would report it."""
+    headers would report it; ``others_cores``: other processes' CPU during the run (0.25 and up: contended)."""
     c = config or Config("eager/cpu", 1, 1, 10)
     labels = {"model": "m", "batch_size": str(c.batch_size), "batch_delay": str(c.batch_delay_ms),
               "workers": str(c.workers)}  # fmt: skip
@@ -48,6 +50,10 @@ def result(
             "headers", sent - errors, handler=Distribution(handler_ms), batch_size_mean=float(c.batch_size)
         ),
         labels=labels,
+        host=None if others_cores is None else HostUsage(
+            cores=2, wall_s=sent / throughput, busy_cores=1.0 + others_cores, client_cores=0.2, server_cores=0.8,
+            others_cores=others_cores, steal_cores=None,
+        ),
     )  # fmt: skip
 
 
@@ -85,22 +91,26 @@ def drive(
     *,
     noise: Callable[[int], float] = lambda i: 1.0,
     handler: Callable[[Config], float] | None = None,
+    disturbed: Callable[[int, Config], tuple[float, ...] | None] = lambda i, c: None,
 ) -> list[Trial]:
     """Run the study's strategy against ``model`` the way the loop does: the default config first, then proposals.
-    ``handler``: the server's handler time per batch of a config, when its timing headers should be reported."""
+    ``handler``: the server's handler time per batch of a config, when its timing headers should be reported;
+    ``disturbed``: what trial ``i`` of a config measured instead while another process took a core (None: the
+    model's figures, measured in peace)."""
     strategy = load_strategy(the_study.strategy.name)(Space(the_study), the_study)
     trials: list[Trial] = []
     proposal: Proposal | None = Proposal(the_study.baseline, 0, "default")
     while proposal is not None:
-        measured = model(proposal.config)
         index = len(trials)
+        busy = disturbed(index, proposal.config)
+        measured = busy or model(proposal.config)
         if measured is None:
             trial = Trial(index, proposal.config, proposal.repeat, "error", error="HTTP 500: workers failed to start")
         else:
             throughput, p99, *p50 = measured
             own = None if handler is None else handler(proposal.config)
             measurement = result(throughput * noise(index), p99, p50=p50[0] if p50 else None, config=proposal.config,
-                                 handler_ms=own)  # fmt: skip
+                                 handler_ms=own, others_cores=1.0 if busy else 0.0)  # fmt: skip
             trial = Trial(index, proposal.config, proposal.repeat, "ok", measurement, reason=proposal.reason)
         trials.append(trial)
         strategy.observe(trial)

@@ -204,7 +204,7 @@ def judge(figures: Figures | None, config: Point, study: Study) -> Verdict:
 
 @dataclass(frozen=True)
 class Summary:
-    """A config's trials combined: figures averaged over its successful repeats, judged once on the averages."""
+    """A config's trials combined (``combine``: the mean of its runs measured in peace), judged once on that."""
 
     config: Point
     trials: tuple[Trial, ...]
@@ -237,10 +237,21 @@ def average(measured: list[Figures]) -> Figures:
     )
 
 
+def combine(config: Point, own: Iterable[Trial], study: Study) -> Figures | None:
+    """A config's runs combined: the mean of those measured in peace, contended runs left out (other processes only
+    add latency and take throughput); when every run was contended, the least disturbed one: the run judged best."""
+    runs = [(t.contended, f) for t in own if (f := t.figures()) is not None]
+    clean = [f for contended, f in runs if not contended]
+    if clean:
+        return average(clean)
+    if not runs:
+        return None
+    return max((f for _, f in runs), key=lambda f: (judge(f, config, study).score, f.throughput_rps))
+
+
 def summarise(config: Point, trials: Iterable[Trial], study: Study) -> Summary:
     own = tuple(t for t in trials if t.config == config)
-    measured = [f for t in own if (f := t.figures()) is not None]
-    figures = average(measured) if measured else None
+    figures = combine(config, own, study)
     memory = max((t.memory_bytes for t in own), default=0)
     gpu_memory = max((t.gpu_memory_bytes for t in own), default=0)
     return Summary(config, own, figures, judge(figures, config, study), memory, gpu_memory)
