@@ -5,7 +5,6 @@ model answers, and never answers 404 for it. A start-up model that fails to load
 from __future__ import annotations
 
 import importlib.util
-import os
 import signal
 import socket
 import subprocess
@@ -13,13 +12,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from backends import BACKENDS
 from models import sleep_archive
+from ray_cluster import cluster_fixture  # noqa: F401  (the fixture ``cluster``)
 
 LOAD_S = 4.0
 
@@ -41,29 +40,13 @@ def status_of(method: str, url: str) -> int:
         return 0  # not listening yet
 
 
-@pytest.fixture(scope="module")
-def ray_head() -> Iterator[str]:
-    """The run's Ray cluster (``ray_cluster.shared_cluster``): each server connects to it and shuts its Serve instance
-    down when it stops. Asked for by the first Ray test."""
-    from ray_cluster import AUTH_MODE, shared_cluster
-
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = AUTH_MODE  # inherited by the servers
-    try:
-        yield shared_cluster().address
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
-
-
 def start(
     tmp_path: Path, backend: str, models: str, request: pytest.FixtureRequest
 ) -> tuple[subprocess.Popen[str], str]:
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         pytest.skip("Ray Serve is not installed")
-    address = request.getfixturevalue("ray_head") if backend == "ray" else "local"
+    # Ray: the run's cluster (ray_cluster.py), asked for by the first Ray test; each server shuts its Serve down
+    address = request.getfixturevalue("cluster").address if backend == "ray" else "local"
     port = free_port()
     config = tmp_path / "config.properties"
     config.write_text(
