@@ -29,12 +29,21 @@ START_TIMEOUT_S = 120.0
 AUTH_MODE = "disabled"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
+def _free_ports(n: int, taken: set[int]) -> list[int]:
+    """``n`` free ports, none of them in ``taken`` (which they join): Ray refuses a port given to two of its
+    components, and the kernel hands a port closed a moment ago out again."""
+    socks: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for s in socks:
+        while len(ports) < n:
+            s = socket.socket()
+            socks.append(s)
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+            port = s.getsockname()[1]
+            if port not in taken:
+                ports.append(port)
+                taken.add(port)
+        return ports
     finally:
         for s in socks:
             s.close()
@@ -50,9 +59,10 @@ class LocalRayCluster:
         self.gcs_port = 0
         self.address = ""
         self.log: list[str] = []
+        self._ports: set[int] = set()  # every port given to this cluster's processes
 
     def _ray_start(self, args: list[str]) -> None:
-        ports = _free_ports(5)
+        ports = _free_ports(4, self._ports)
         command = [
             shutil.which("ray") or "ray",
             "start",
@@ -78,7 +88,7 @@ class LocalRayCluster:
             raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
 
     def start(self) -> LocalRayCluster:
-        self.gcs_port, client_port, dashboard_port = _free_ports(3)
+        self.gcs_port, client_port, dashboard_port = _free_ports(3, self._ports)
         self._ray_start(
             [
                 "--head",
@@ -127,7 +137,7 @@ class LocalRayCluster:
         cluster.temp_dir = Path(str(state["temp_dir"]))
         cluster.gcs_port = int(str(state["gcs_port"]))
         cluster.address = str(state["address"])
-        cluster.head_cpus, cluster.node_cpus, cluster.log = 0, (), []
+        cluster.head_cpus, cluster.node_cpus, cluster.log, cluster._ports = 0, (), [], set()
         return cluster
 
     def stop(self) -> None:

@@ -6,6 +6,7 @@ early: tests/test_server_memory.py.)"""
 from __future__ import annotations
 
 import os
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,7 +88,11 @@ def test_an_unclaimed_early_parent_is_stopped_and_a_claim_needs_the_same_environ
     started = early._waiting["torchy"]
     proc = psutil.Process(started.proc.pid)
     assert proc.ppid() == os.getpid()
-    assert "servetune.server.forkserver" in proc.cmdline() and proc.cmdline()[-1] == "torch"  # its early imports
+    # its early imports (a process reads an empty command line while it is still in exec: read it once it has one)
+    deadline = time.monotonic() + 10
+    while not proc.cmdline() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "servetune.server.forkserver" in proc.cmdline() and proc.cmdline()[-1] == "torch"
     # another environment than the model's parent would get: not claimed, and stopped
     assert early.claim("torchy", {**early.expected_environment(), "OMP_NUM_THREADS": "2"}) is None
     assert started.proc.returncode is not None and not proc.is_running()
