@@ -197,9 +197,25 @@ def test_what_the_frontend_and_replicas_are_told_round_trips_through_the_config_
     assert shipped.server.max_request_size == 1234
     assert json.loads(json.dumps(shipped.to_json())) == app["args"]
 
-    told = FrontendArgs.from_json(frontend["args"])
+    told = FrontendArgs.of_application(frontend)
     assert told.models == (idle.served,) and told.server.max_request_size == 1234 and not told.starting
-    assert told.to_json() == frontend["args"]
+    assert told.to_json() == frontend["args"] and told.user_config() == frontend["deployments"][0]["user_config"]
+
+
+def test_the_frontend_is_told_of_start_up_and_models_in_place(tmp_path: Path) -> None:
+    """Ray hashes an application's args into its code version (a change replaces the replicas) and applies a change
+    of ``user_config`` in place: what changes as the server starts and models come and go is in the user_config, so
+    the replica answering ``/ping`` is never replaced by a registration or by the end of start-up."""
+    sleep_archive(tmp_path, name="m")
+    sleep_archive(tmp_path, name="other")
+    model, other = plan_models(_config(tmp_path), ("m.mar", "other.mar"))
+    starting = serve_config([model], starting=True)["applications"][0]
+    started = serve_config([model, other], failed={"x": "bad"})["applications"][0]
+    assert starting["args"] == started["args"] and starting["import_path"] == started["import_path"]
+    assert starting["deployments"][0]["user_config"] != started["deployments"][0]["user_config"]
+    assert FrontendArgs.of_application(starting).starting
+    told = FrontendArgs.of_application(started)
+    assert [m.name for m in told.models] == ["m", "other"] and told.failed == {"x": "bad"} and not told.starting
 
 
 @pytest.mark.parametrize(
@@ -227,7 +243,7 @@ def test_the_kuberay_example_ships_args_the_builders_read() -> None:
     config = yaml.safe_load(example["spec"]["serveConfigV2"])
     _validate_with_ray(config)
     frontend, app = config["applications"]
-    [served] = FrontendArgs.from_json(frontend["args"]).models
+    [served] = FrontendArgs.of_application(frontend).models
     shipped = ModelArgs.from_json(app["args"])
     assert served == shipped.model and served.name == app["name"] == "resnet18"
     assert [d["name"] for d in app["deployments"]] == ["resnet18_v1_0"]

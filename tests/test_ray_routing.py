@@ -109,7 +109,7 @@ def _views(model: ModelPlan) -> dict[str, Any]:
     config = serve_config([model])
     views: dict[str, Any] = {
         "driver": driver,
-        "frontend": FrontendView(FrontendArgs.from_json(config["applications"][0]["args"]).models),
+        "frontend": FrontendView(FrontendArgs.of_application(config["applications"][0]).models),
     }
     if model.serving:  # else the model has no application, so no replica
         args = ModelArgs.from_json(config["applications"][1]["args"])

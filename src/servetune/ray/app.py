@@ -36,7 +36,7 @@ def model_app(args: dict[str, Any]) -> Application:
 def frontend_app(args: dict[str, Any]) -> Application:
     """``/ping``, the API description and the 404s."""
     frontend = cast(Deployment, serve.deployment(Frontend))
-    return frontend.options(name=FRONTEND_DEPLOYMENT).bind(FrontendArgs.from_json(args))
+    return frontend.options(name=FRONTEND_DEPLOYMENT).bind(FrontendArgs.from_json(args).server)
 
 
 __all__ = ["frontend_app", "model_app"]

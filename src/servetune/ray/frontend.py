@@ -13,6 +13,7 @@ import asyncio
 import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ray import serve
 from starlette.requests import Request
@@ -22,6 +23,7 @@ from servetune._exceptions import ApiError
 from servetune.api.inference import create_inference_app
 from servetune.api.metrics import ApiMetrics
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, Readiness
+from servetune.config.server import ServerConfig
 from servetune.ray import handles
 from servetune.ray.asgi import call_app
 from servetune.ray.controller import state_name
@@ -64,6 +66,10 @@ class FrontendView:
     deployment through a handle."""
 
     def __init__(self, models: Sequence[ServedModel]) -> None:
+        self.serve(models)
+
+    def serve(self, models: Sequence[ServedModel]) -> None:
+        """Answer for ``models`` from now on (what was cached of the models before is forgotten)."""
         self.models_served = {model.name: model for model in models}
         self.served = [model.name for model in models if model.serving]
         self._health: tuple[float, bool] = (0.0, False)
@@ -118,15 +124,22 @@ class FrontendView:
 
 
 class Frontend:
-    """Deployment class of the ``servetune`` application: the API layer's inference app over :class:`FrontendView`."""
+    """Deployment class of the ``servetune`` application: the API layer's inference app over :class:`FrontendView`.
+    Built with the API settings; the models served and the start-up state come in its ``user_config``
+    (:meth:`reconfigure`, called before the replica serves and on every change, in place)."""
 
-    def __init__(self, args: FrontendArgs) -> None:
-        self.view = FrontendView(args.models)
-        readiness = Readiness(starting=args.starting, failed=dict(args.failed))
+    def __init__(self, server: ServerConfig) -> None:
+        self.view = FrontendView(())
+        self.readiness = Readiness(starting=True)
         # the requests answered here through handles (KServe v1, OIP v2, other versions) are counted here
         self.metrics = ApiMetrics()
         self.reporter = Reporter(self.metrics.registry, f"frontend/{os.getpid()}")
-        self.app = create_inference_app(self.view, args.server, metrics=self.metrics, readiness=readiness)
+        self.app = create_inference_app(self.view, server, metrics=self.metrics, readiness=self.readiness)
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        told = FrontendArgs.from_json({}, user_config)
+        self.view.serve(told.models)
+        self.readiness.starting, self.readiness.failed = told.starting, dict(told.failed)
 
     async def __call__(self, request: Request) -> Response:
         self.reporter.ensure_started()

@@ -10,7 +10,10 @@ Only ``num_replicas``/``autoscaling_config``/``user_config``/``max_ongoing_reque
 hashes the import path and args into the code version, so anything else redeploys the application. The args are
 typed at both ends: :class:`ModelArgs` (the model as served, each deployed version's plan as its replicas load it,
 the API settings) and :class:`FrontendArgs` (every model as served, start-up state, the API settings), written here
-with ``to_json`` and read back by the application builders (``servetune.ray.app``) with ``from_json``.
+with ``to_json`` and read back by the application builders (``servetune.ray.app``) with ``from_json``. The
+frontend's args hold only the API settings; what changes as models come and go (the models served, the start-up
+state) is its deployment's ``user_config``, applied in place by ``reconfigure``: a registration, a scaling or the end
+of start-up never replaces the replica that answers ``/ping``.
 """
 
 from __future__ import annotations
@@ -96,25 +99,35 @@ class FrontendArgs:
     server: ServerConfig = field(default_factory=ServerConfig)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "models": [m.to_json() for m in self.models],
-            "starting": self.starting,
-            "failed": dict(self.failed),
-            "server": server_settings(self.server),
-        }
+        """The application's args: what the frontend is built with (a change replaces its replica)."""
+        return {"server": server_settings(self.server)}
+
+    def user_config(self) -> dict[str, Any]:
+        """The deployment's ``user_config``: what changes as models come and go (applied in place)."""
+        return {"models": [m.to_json() for m in self.models], "starting": self.starting, "failed": dict(self.failed)}
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> FrontendArgs:
-        models = raw.get("models") or []
-        failed = raw.get("failed") or {}
+    def from_json(cls, raw: dict[str, Any], user_config: dict[str, Any] | None = None) -> FrontendArgs:
+        """From the application's args and the deployment's ``user_config`` (None: no models, not starting)."""
+        changing = user_config or {}
+        if not isinstance(changing, dict):
+            raise ValueError(f"user_config: expected a mapping of models, starting and failed, got {changing!r}")
+        models = changing.get("models") or []
+        failed = changing.get("failed") or {}
         if not isinstance(models, list) or not isinstance(failed, dict):
             raise ValueError("models: expected a list of served models; failed: a mapping of model -> error")
         return cls(
             tuple(ServedModel.from_json(m) for m in models),
-            bool(raw.get("starting", False)),
+            bool(changing.get("starting", False)),
             {str(k): str(v) for k, v in failed.items()},
             api_config(raw.get("server") or {}),
         )
+
+    @classmethod
+    def of_application(cls, app: dict[str, Any]) -> FrontendArgs:
+        """What the frontend application of a Serve config (``frontend_application``'s form) is told."""
+        [deployment] = app["deployments"]
+        return cls.from_json(app.get("args") or {}, deployment.get("user_config"))
 
 
 def max_ongoing_requests(batch_size: int, batches: int = ONGOING_BATCHES) -> int:
@@ -175,7 +188,14 @@ def frontend_application(
         "route_prefix": "/",
         "import_path": FRONTEND_APP_IMPORT,
         "args": args.to_json(),
-        "deployments": [{"name": FRONTEND_DEPLOYMENT, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}],
+        "deployments": [
+            {
+                "name": FRONTEND_DEPLOYMENT,
+                "num_replicas": 1,
+                "user_config": args.user_config(),
+                "ray_actor_options": {"num_cpus": 0},
+            }
+        ],
     }
 
 
