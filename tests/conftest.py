@@ -115,11 +115,14 @@ LONGEST_FIRST = [
     "test_tune_protocols.py",
     "test_ray_serve.py",  # Ray
     "test_tune_app_e2e.py",
+    "test_tune_trust.py",
     "test_server_management.py",
     "test_server_faults.py",
     "test_api_kserve.py",
     "test_server_fuzz.py",
     "test_bench_async_engine.py",
+    "test_control_server.py",
+    "test_bench_pipeline.py",
     "test_optimize_variants.py",
 ]
 RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,19 @@ def test_finalists_are_chosen_and_measured_interleaved() -> None:
                      (A, 3, "finalist"), (B, 3, "finalist")]  # fmt: skip
     assert list(final.plan(s, chosen, trials)) == []  # all rounds measured: a resumed study measures none again
     assert final.choose_finalists(s, trials) == chosen  # the rounds do not change who the finalists are
+
+
+def test_the_finalists_are_the_best_and_the_simplest_near_it() -> None:
+    """Three configs within 10% of each other: which came second is the machine's drift, so the best is compared
+    with the simplest of the others, whatever their order."""
+    s = study(family(workers=(1, 2, 4), batch=(1, 2), delays=(10,)), p99_ms=300)
+    wide, simple = Config("eager/cpu", 4, 1, 10), Config("eager/cpu", 1, 1, 10)
+    for second, third in ((B, simple), (simple, B)):
+        searched = [Trial(0, wide, 0, "ok", result(100.0, 100.0)), Trial(1, second, 0, "ok", result(97.0, 100.0)),
+                    Trial(2, third, 0, "ok", result(93.0, 100.0)), Trial(3, A, 0, "ok", result(85.0, 100.0))]  # fmt: skip
+        assert final.choose_finalists(s, searched) == [wide, simple]
+    s3 = replace(s, strategy=replace(s.strategy, finalists=3))
+    assert final.choose_finalists(s3, searched) == [wide, simple, B]  # A is 15% behind: out of the band
 
 
 def test_a_clear_difference_is_named_with_its_interval() -> None:

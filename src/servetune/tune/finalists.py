@@ -4,8 +4,10 @@ interval; when the data cannot tell two apart, the simpler (cheaper) one is chos
 A search measures each config once or twice, minutes apart, on a machine whose speed drifts: two configs closer
 than that drift are ranked by chance. So, once the search is over:
 
-1. **Finalists**: the best config meeting the SLA and the next ones within 10% of its objective (``count`` in all,
-   default 2), chosen from the search's own trials.
+1. **Finalists**: the best config meeting the SLA and, of the others within 10% of its objective, the simplest
+   (``count`` in all, default 2), chosen from the search's own trials. Not the next best: configs that close were
+   ranked by the machine's drift, and which of them came second changes from run to run, while the simplest in the
+   band is the same each time; the rounds then keep it unless the best beats it clearly.
 2. **Interleaved rounds**: each finalist is measured ``rounds`` more times (default 3), in turn: A, B, A, B, ...
    so that drift in the machine hits all of them alike.
 3. **Pairwise comparison**: round by round, the objective of the best finalist over each other one; the mean of
@@ -34,8 +36,8 @@ PHASE = "finalist"
 
 
 def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[Point] | None = None) -> list[Point]:
-    """The configs to compare: the best meeting the SLA and the next within ``BAND`` of it, from the search's trials
-    (the finalists' own rounds left out, so that a resumed study picks the same ones)."""
+    """The configs to compare: the best meeting the SLA and the simplest others within ``BAND`` of it, from the
+    search's trials (the finalists' own rounds left out, so that a resumed study picks the same ones)."""
     count = study.strategy.finalists
     if count < 2:
         return []
@@ -45,8 +47,10 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
         passed = [s for s in passed if s.config in in_space]
     if len(passed) < 2:
         return []
-    floor = BAND * passed[0].verdict.objective
-    return [s.config for s in passed if s.verdict.objective >= floor][:count]
+    best, floor = passed[0], BAND * passed[0].verdict.objective
+    near = [s for s in passed[1:] if s.verdict.objective >= floor]
+    near.sort(key=lambda s: (simplicity(s.config), -s.verdict.objective))
+    return [best.config, *(s.config for s in near[: count - 1])]
 
 
 def plan(study: Study, finalists: Sequence[Point], trials: list[Trial]) -> Generator[Proposal, None, None]:
