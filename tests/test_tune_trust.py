@@ -62,8 +62,10 @@ def test_the_finalists_are_the_best_and_the_simplest_near_it() -> None:
     s = study(family(workers=(1, 2, 4), batch=(1, 2), delays=(10,)), p99_ms=300)
     wide, simple = Config("eager/cpu", 4, 1, 10), Config("eager/cpu", 1, 1, 10)
     for second, third in ((B, simple), (simple, B)):
-        searched = [Trial(0, wide, 0, "ok", result(100.0, 100.0)), Trial(1, second, 0, "ok", result(97.0, 100.0)),
-                    Trial(2, third, 0, "ok", result(93.0, 100.0)), Trial(3, A, 0, "ok", result(85.0, 100.0))]  # fmt: skip
+        searched = [
+            Trial(i, config, 0, "ok", result(rps, 100.0))
+            for i, (config, rps) in enumerate(((wide, 100.0), (second, 97.0), (third, 93.0), (A, 85.0)))
+        ]
         assert final.choose_finalists(s, searched) == [wide, simple]
     s3 = replace(s, strategy=replace(s.strategy, finalists=3))
     assert final.choose_finalists(s3, searched) == [wide, simple, B]  # A is 15% behind: out of the band
