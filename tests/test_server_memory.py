@@ -260,6 +260,11 @@ def test_workers_outlive_a_killed_parent_and_the_next_worker_gets_a_new_one(
     parent = psutil.Process(worker["pid"]).ppid()
     os.kill(parent, signal.SIGKILL)
     answered_by(server, "noop", {worker["pid"]})  # it watches the frontend, not its parent
+    # the server reaps its dead parent (the pid is gone then) and knows it died: the next worker gets a new one (a
+    # worker replaced while the death is not noticed yet finds the parent's socket closed and is spawned instead)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(parent) and time.monotonic() < deadline:
+        time.sleep(0.02)
     os.kill(worker["pid"], signal.SIGKILL)
     [new] = wait_for_workers(server, "noop", {worker["pid"]})
     new_parent = psutil.Process(new["pid"]).ppid()

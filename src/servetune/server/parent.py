@@ -80,7 +80,7 @@ class ModelParent:
 
     @property
     def alive(self) -> bool:
-        return self._sock is not None and not self.gone.is_set()
+        return self._sock is not None and not self.gone.is_set() and not self._reaped.is_set()
 
     # ---- life ------------------------------------------------------------------------------------
 
