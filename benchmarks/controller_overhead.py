@@ -31,6 +31,7 @@ from servetune.archive import create_archive
 from servetune.bench import BenchSpec, run_bench
 from servetune.bench.schedule import Schedule
 from servetune.control import Controller, Knobs, parse_settings
+from servetune.control.controller import HeldKnobs
 from servetune.embedded import EmbeddedServer
 
 NOOP = textwrap.dedent(
@@ -44,30 +45,10 @@ NOOP = textwrap.dedent(
 SECTION = {"slo": {"p99_ms": 100}, "bounds": {"batch_size": [1, 32], "max_batch_delay_ms": [0, 10]}, "shed": True}
 
 
-class _Knobs:
-    """A model's knobs as the in-process timing holds them (the server's actuator moves a real model)."""
-
-    def __init__(self) -> None:
-        self.now = Knobs(8, 0.0, 2)
-        self.queue = 3
-
-    def knobs(self) -> Knobs:
-        return self.now
-
-    def queue_length(self) -> int:
-        return self.queue
-
-    def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
-        self.now = Knobs(batch_size, max_batch_delay_ms, self.now.workers)
-
-    async def set_workers(self, workers: int) -> None:
-        self.now = Knobs(self.now.batch_size, self.now.max_batch_delay_ms, workers)
-
-
 async def in_process(requests: int, log: Path) -> tuple[float, float]:
     """µs per request: (admit only, admit + its batch of one + ticks)."""
     settings = parse_settings({**SECTION, "log": str(log)})
-    controller = Controller("m", "1", settings, _Knobs())
+    controller = Controller("m", "1", settings, HeldKnobs(Knobs(8, 0.0, 2), queue=3))
     for n in (1, 2, 4, 8, 3, 6):  # a fitted cost, as in steady serving
         controller.dispatched("w", n)
         controller.finished("w", n, "full", 1.0, 10.0 + n, 10.0 + n)

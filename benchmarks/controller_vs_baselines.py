@@ -3,9 +3,15 @@
     python benchmarks/controller_vs_baselines.py --quick [--json rows.json]
     python benchmarks/controller_vs_baselines.py [--seconds 900] [--policies controller,greedy,...] [--json rows.json]
 
-The model is a known-cost one: each batch of n sleeps a + b·n ms (25 + 2.5n by default), so batching matters and the
-right answers can be computed; SLA P99 100 ms; the static winner (and greedy, aimd, lsq) on two workers, the policies
-that move workers (controller, queue, oracle) within [1, 4]. Each policy is the same archive with its own
+``--model cost`` (default) is a known-cost model: each batch of n sleeps a + b·n ms (25 + 2.5n by default), so batching
+matters and the right answers can be computed. ``--model resnet18`` is ResNet-18 on the CPU (random weights, seed 0)
+behind the built-in image_classifier (examples/resnet18), one intra-op thread per worker, a 320×240 PNG per request;
+its cost a + b·n is fitted first from the server's own handler times at batch 1 and batch 8 (closed loops on the
+static winner's workers), and printed; every registration of it gets 8 requests per worker before its measured run
+(a fresh worker's first passes are slow, and would count against whichever policy runs first on them).
+SLA P99 100 ms (``--sla-ms``); the static winner (and greedy, aimd, lsq) on two workers, the policies that move
+workers (controller, queue, oracle) within [1, 4] (resnet18: [1, the machine's cores], since a worker per core is
+what a CPU model can use). Each policy is the same archive with its own
 ``controller:`` section (docs/controller.md), registered through the management API for its run and unregistered
 after: one server, the same model, the same trace (a seeded open loop, ``servetune.bench``).
 
@@ -20,7 +26,7 @@ after: one server, the same model, the same trace (a seeded open loop, ``servetu
 4. **Overload**: 1.5× the policy's own sustainable peak rate (60 s; quick 15 s), then 0.5 C (30 s; quick 10 s):
    goodput during the overload over that sustainable rate, and the recovery after it.
 
-Static and oracle knobs: for this known-cost model they are computed offline from the cost and the rate (the
+Static and oracle knobs: they are computed offline from the cost (known, or fitted for resnet18) and the rate (the
 static winner at the trace's peak, ``static``; at its mean, ``static-mean``; the oracle: the same for each phase at
 that phase's peak rate, knowing the trace in hindsight, on the most workers any phase needs), not searched with the
 tuner: docs/controller.md says so
@@ -39,7 +45,7 @@ import tempfile
 import textwrap
 import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +60,8 @@ from servetune.bench.shapes import Burst, Segment, shape
 from servetune.bench.slo import Slo
 from servetune.control import Cost, decide
 from servetune.embedded import EmbeddedServer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HANDLER = textwrap.dedent(
     """
@@ -74,8 +82,50 @@ DELAY_BOUNDS = (0, 50)
 
 
 @dataclass(frozen=True)
+class Served:
+    """What every policy serves: its archive's files (``create_archive``'s keywords besides the name and the config)
+    and model-config.yaml (the policy's ``controller:`` section is added), the request body, a label for the rows."""
+
+    files: dict[str, Any]
+    config: dict[str, Any]
+    body: Path
+    label: str
+    warmup: int = 0  # requests per worker sent before each measured run (a CNN's first passes are slow)
+
+
+def known_cost(tmp: Path, cost: Cost) -> Served:
+    (tmp / "handler.py").write_text(HANDLER)
+    (tmp / "body.bin").write_bytes(b"x" * 64)
+    config = {"batchSize": 8, "maxBatchDelay": 0, "cost": {"a_ms": cost.a_ms, "b_ms": cost.b_ms}}
+    label = f"known-cost {cost.a_ms:g}+{cost.b_ms:g}n ms"
+    return Served({"handler": str(tmp / "handler.py")}, config, tmp / "body.bin", label)
+
+
+def resnet18(tmp: Path) -> Served:
+    """ResNet-18 (random weights, seed 0) behind the built-in image_classifier, one thread per worker."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples" / "resnet18"))
+    from make_archive import sample_image
+    from model import ResNet18
+
+    torch.manual_seed(0)
+    weights, labels = tmp / "resnet18.pt", tmp / "index_to_name.json"
+    torch.save(ResNet18().eval().state_dict(), weights)
+    labels.write_text(json.dumps({str(i): f"class_{i}" for i in range(1000)}))
+    files = {
+        "handler": "image_classifier",
+        "serialized_file": str(weights),
+        "model_file": str(ROOT / "examples" / "resnet18" / "model.py"),
+        "extra_files": [str(labels)],
+    }
+    config = {"batchSize": 8, "maxBatchDelay": 0, "numThreads": 1}
+    return Served(files, config, sample_image(tmp / "sample.png"), "resnet18 (CPU, 1 thread per worker)", warmup=8)
+
+
+@dataclass(frozen=True)
 class Setup:
-    cost: Cost
+    cost: Cost  # known, or fitted (resnet18)
     sla_ms: float
     workers: int  # the static winner's (and greedy's, aimd's, lsq's)
     max_workers: int  # the bound of the policies that move workers (controller, queue, oracle)
@@ -165,20 +215,19 @@ def controller_section(setup: Setup, policy: str, c: float, parts: list[Phase], 
     return section
 
 
-def build_archive(store: Path, setup: Setup, name: str, section: dict[str, Any]) -> str:
+def build_archive(store: Path, served: Served, name: str, section: dict[str, Any]) -> str:
     src = Path(tempfile.mkdtemp(prefix=f"src-{name}-", dir=store))
-    (src / "handler.py").write_text(HANDLER)
-    config = {"batchSize": 8, "maxBatchDelay": 0, "cost": {"a_ms": setup.cost.a_ms, "b_ms": setup.cost.b_ms}}
+    config = dict(served.config)
     if section:
         config["controller"] = section
     (src / "model-config.yaml").write_text(yaml.safe_dump(config))
     path = create_archive(
         model_name=name,
         version="1.0",
-        handler=str(src / "handler.py"),
         config_file=str(src / "model-config.yaml"),
         export_path=str(store),
         force=True,
+        **served.files,
     )
     return Path(path).name
 
@@ -199,18 +248,22 @@ def call(url: str, method: str) -> tuple[int, Any]:
 
 
 class Bench:
-    def __init__(self, server: EmbeddedServer, store: Path, setup: Setup, body: Path) -> None:
-        self.server, self.store, self.setup, self.body = server, store, setup, body
+    def __init__(self, server: EmbeddedServer, store: Path, setup: Setup, served: Served) -> None:
+        self.server, self.store, self.setup, self.served = server, store, setup, served
+        self.body = served.body
         self.runs = 0
 
     def register(self, section: dict[str, Any], workers: int) -> str:
         self.runs += 1
         name = f"m{self.runs}"
-        archive = build_archive(self.store, self.setup, name, section)
+        archive = build_archive(self.store, self.served, name, section)
         query = urllib.parse.urlencode({"url": archive, "initial_workers": workers, "synchronous": "true"})
         status, body = call(f"{self.server.management_url}/models?{query}", "POST")
         if status != 200:
             raise RuntimeError(f"registering {name}: {status} {body}")
+        if self.served.warmup:  # every worker past its first, slow passes before anything is measured
+            url = f"{self.server.inference_url}/predictions/{name}"
+            run_bench(BenchSpec(url=url, input=self.body, concurrency=workers, requests=self.served.warmup * workers))
         return name
 
     def cpu_s(self) -> float:
@@ -260,6 +313,42 @@ class Bench:
             "shed": int(controller.get("shed", 0)),
             "p99_ms": result.latency.p99_ms if result.latency else math.nan,
         }
+
+    def batch_ms(self, batch: int, workers: int, seconds: float = 8.0) -> float:
+        """The median handler time of a batch of ``batch`` on ``workers`` busy workers (a closed loop that keeps
+        every worker's batches full), from the server's own per-request timing."""
+        knobs = {"batch_size": batch, "max_batch_delay_ms": 50 if batch > 1 else 0, "workers": workers}
+        name = self.register({"slo": {"p99_ms": self.setup.sla_ms}, "policy": "static", "static": knobs}, workers)
+        try:
+            spec = BenchSpec(
+                url=f"{self.server.inference_url}/predictions/{name}",
+                input=self.body,
+                concurrency=2 * batch * workers,
+                duration=seconds,
+                warmup_seconds=2.0,
+                timeout=60.0,
+            )
+            result = run_bench(spec)
+        finally:
+            call(f"{self.server.management_url}/models/{name}", "DELETE")
+        rec = result.samples
+        assert rec is not None
+        handler = np.frombuffer(rec.handler_ms, dtype=np.float64)
+        sizes = np.frombuffer(rec.batch_size, dtype=np.int32)
+        full = handler[(sizes == batch) & np.isfinite(handler)]
+        if not len(full):
+            raise RuntimeError(f"no batch of {batch} was served (sizes seen: {sorted(set(sizes.tolist()))})")
+        return float(np.median(full))
+
+
+def fit_cost(bench: Bench, workers: int, log: Any) -> Cost:
+    """a + b·n through the median batch times at n = 1 and n = 8, measured on the static winner's workers."""
+    t1, t8 = bench.batch_ms(1, workers), bench.batch_ms(8, workers)
+    b = max(0.0, (t8 - t1) / 7.0)
+    cost = Cost(max(0.0, t1 - b), b)
+    log(f"cost: batch 1 {t1:.1f} ms, batch 8 {t8:.1f} ms on {workers} busy workers -> {cost.a_ms:.1f} + "
+        f"{cost.b_ms:.2f}·n ms")  # fmt: skip
+    return cost
 
 
 def recovery_s(run: dict[str, Any], at: float, until: float, window: float = 1.0) -> float:
@@ -337,7 +426,7 @@ def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any
     back = recovery_s(trial, setup.overload_s, setup.overload_s + setup.after_s)
     log(f"    overload: goodput {goodput:.2f} of {rate:.0f} req/s, recovery {back:.1f} s")
     return {
-        "model": f"known-cost {setup.cost.a_ms:g}+{setup.cost.b_ms:g}n ms",
+        "model": bench.served.label,
         "policy": policy,
         "attainment": round(run["attainment"], 5),
         "windows_in_sla": round(run["windows_in_sla"], 3),
@@ -376,13 +465,16 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="60 s traces; controller, greedy, static, oracle")
+    parser.add_argument("--model", choices=("cost", "resnet18"), default="cost", help="the model every policy serves")
     parser.add_argument("--seconds", type=float, default=900.0, help="the moving trace's length (full run)")
     parser.add_argument("--policies", default=None, help=f"comma-separated, of {', '.join(ALL_POLICIES)}")
     parser.add_argument("--a-ms", type=float, default=25.0, help="the model's fixed cost per batch")
     parser.add_argument("--b-ms", type=float, default=2.5, help="the model's cost per request")
     parser.add_argument("--sla-ms", type=float, default=100.0, help="P99 SLA")
     parser.add_argument("--workers", type=int, default=2, help="the static winner's workers (C is measured with them)")
-    parser.add_argument("--max-workers", type=int, default=4, help="bound for the policies that move workers")
+    parser.add_argument(
+        "--max-workers", type=int, default=None, help="bound for the policies that move workers (4; resnet18: cores)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args()
@@ -391,7 +483,7 @@ def main() -> None:
         cost=Cost(args.a_ms, args.b_ms),
         sla_ms=args.sla_ms,
         workers=args.workers,
-        max_workers=args.max_workers,
+        max_workers=args.max_workers or (4 if args.model == "cost" else os.cpu_count() or 1),
         seconds=60.0 if quick else args.seconds,
         short_s=10.0 if quick else 90.0,
         bisect_steps=3 if quick else 5,
@@ -413,22 +505,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="controller-bench-") as tmp:
         store = Path(tmp) / "store"
         store.mkdir()
-        body = Path(tmp) / "body.bin"
-        body.write_bytes(b"x" * 64)
+        served = known_cost(Path(tmp), setup.cost) if args.model == "cost" else resnet18(Path(tmp))
         properties = {
             "disable_token_authorization": "true",
             "enable_model_api": "true",
             "default_workers_per_model": "1",
         }
         with EmbeddedServer(store, {}, properties, workdir=Path(tmp) / "server") as server:
-            bench = Bench(server, store, setup, body)
+            bench = Bench(server, store, setup, served)
+            if args.model == "resnet18":
+                setup = replace(setup, cost=fit_cost(bench, setup.workers, log))
+                bench.setup = setup
+                floor = setup.cost.t(1)
+                if 2 * floor > setup.sla_ms:
+                    sys.exit(f"--sla-ms {setup.sla_ms:g}: below twice the batch-1 time ({floor:.0f} ms) here")
             c = capacity(bench, setup, log)
             rows = []
             for policy in policies:
                 rows.append(score(bench, setup, policy, c, args.seed, log))
     print()
-    print(f"known-cost model {setup.cost.a_ms:g} + {setup.cost.b_ms:g}·n ms, {setup.workers} workers, SLA P99 "
-          f"{setup.sla_ms:g} ms, C = {c:.0f} req/s, moving trace {setup.seconds:g} s")  # fmt: skip
+    print(f"{served.label}: cost {setup.cost.a_ms:.1f} + {setup.cost.b_ms:.2f}·n ms, {setup.workers} workers, SLA "
+          f"P99 {setup.sla_ms:g} ms, C = {c:.0f} req/s, moving trace {setup.seconds:g} s")  # fmt: skip
     print(table(rows))
     log(f"done; loadavg after: {open('/proc/loadavg').read().split()[:3]}")
     if args.json is not None:

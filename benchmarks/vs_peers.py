@@ -11,8 +11,12 @@ drift in the machine hits all; figures are medians over the rounds.
 
 Cases (rows of ``--json``, one per server, case and engine):
 - ``noop-c1``, ``noop-c16``: a handler that returns at once, 1 worker, closed loop at concurrency 1 and 16;
-- ``noop-open``: open loop (constant rate, latency from each request's intended send) at 70% of that server's own
-  noop-c16 throughput in the same round: near its knee, not past it;
+- ``noop-open``: open loop (constant rate, latency from each request's intended send) at 90% of that server's own
+  open-loop knee in the same round: near its knee, not past it. The knee is measured first: constant rates from 10%
+  of the server's noop-c16 throughput up by 1.25× (3 s each) until one is not kept up with (fewer than 97% of the
+  sent requests answered per second of the run, a failed request, or P99 over 100 ms: a queue that grows); the knee
+  is the last rate kept up with. A closed loop's throughput is no knee for an open loop: 16 clients keep requests
+  queued, so one wake-up of a server serves several, while an open loop's requests come one at a time;
 - ``resnet18-c16``: ResNet-18 (random weights, seed 0; PIL decode, resize, crop, normalise, forward, top-5),
   2 workers, closed loop at 16;
 - ``resnet18-open``: open loop at 80% of the best server's resnet18-c16 throughput in the same round, the same
@@ -93,7 +97,7 @@ class Settings:
     seconds: float
     warmup: float
     engines: list[str]
-    noop_open_fraction: float = 0.7
+    noop_open_fraction: float = 0.9  # of the server's open-loop knee
     resnet_open_fraction: float = 0.8
     rows: list[Row] = field(default_factory=list)
 
@@ -217,6 +221,30 @@ def measure(
     return row
 
 
+KNEE_STEP_S = 3.0
+KNEE_P99_MS = 100.0
+
+
+def open_knee(server: Server, start: float) -> float:
+    """The highest constant open-loop rate the server keeps up with: from ``start`` up by 1.25x, ``KNEE_STEP_S``
+    each, until a rate gets fewer than 97% of its requests answered per second, a failure, or a P99 over
+    ``KNEE_P99_MS`` (the queue grows); ``start`` itself when even that is not kept up with."""
+    rate, kept = max(1.0, start), 0.0
+    for _ in range(16):
+        spec = BenchSpec(
+            url=server.url(), input=server.body_file, content_type=server.content_type, rate=rate, duration=KNEE_STEP_S
+        )
+        result = run_bench(spec)
+        p99 = result.latency.p99_ms if result.latency else math.inf
+        keeps = not result.failed and result.throughput_rps >= 0.97 * rate and p99 <= KNEE_P99_MS
+        print(f"  {server.name:<10} knee search   {rate:9.0f}/s -> {result.throughput_rps:9.1f} req/s, p99 "
+              f"{p99:8.2f} ms: {'kept up' if keeps else 'not kept up'}", flush=True)  # fmt: skip
+        if not keeps:
+            break
+        kept, rate = rate, rate * 1.25
+    return kept or max(1.0, start)
+
+
 def say(row: Row) -> None:
     rate = f" at {row.rate:.0f}/s" if row.rate else ""
     print(
@@ -264,7 +292,7 @@ def run_noop(name: str, assets: Assets, settings: Settings, round_: int) -> list
             rows.append(measure(server, "noop-c16", settings, concurrency=16, rate=None, engine=engine))
         c16 = next(r for r in rows if r.case == "noop-c16" and r.engine == "async")
         rss, pss = tree_memory_mb(server)
-        rate = max(1.0, settings.noop_open_fraction * c16.rps)
+        rate = max(1.0, settings.noop_open_fraction * open_knee(server, 0.1 * c16.rps))
         rows.append(measure(server, "noop-open", settings, concurrency=None, rate=rate, engine="async"))
         for row in rows:
             row.rss_mb, row.pss_mb, row.round = rss, pss, round_
@@ -389,7 +417,7 @@ def table(summary_rows: list[dict[str, Any]], servers: list[str]) -> str:
             f"{fmt((g('noop-c1') or {}).get('p50_ms'), '.2f')}; {fmt((g('noop-c16') or {}).get('rps'), ',.0f')}"
         ),
         "no-op, c=16, ab -k: req/s": lambda g: fmt((g("noop-c16", "ab") or {}).get("rps"), ",.0f"),
-        "no-op, open loop at 70% of its own c=16: rate; P50 / P99 ms": lambda g: (
+        "no-op, open loop at 90% of its own knee: rate; P50 / P99 ms": lambda g: (
             f"{fmt((g('noop-open') or {}).get('rate'), ',.0f')}; {fmt((g('noop-open') or {}).get('p50_ms'), '.2f')} / "
             f"{fmt((g('noop-open') or {}).get('p99_ms'), '.1f')}"
         ),

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import time
 from pathlib import Path
 
-from servetune.control import BatchSeen, Knobs, View, make_policy, parse_settings
+import pytest
+
+from servetune._exceptions import ApiError
+from servetune.control import BatchSeen, Controller, Knobs, View, make_policy, parse_settings
+from servetune.control.controller import MIN_SHED_BATCHES, HeldKnobs
 from servetune.control.decisions import DecisionLog
 from servetune.control.estimate import ServiceFit
 
@@ -91,3 +98,38 @@ def test_the_decision_log_rotates_and_keeps_the_recent_changes(tmp_path: Path) -
     assert all(p.stat().st_size <= 200 + 60 for p in kept)  # rotated once past the limit
     last = [json.loads(line) for line in path.read_text().splitlines()]
     assert last[-1] == {"kind": "knobs", "i": 4}
+
+
+def test_a_fit_from_a_cold_workers_slow_batches_does_not_shed_an_idle_model() -> None:
+    # A fresh worker's first batches of one took 300 ms (a CNN's first forward passes), against an SLA of 100: the
+    # fit says every request will be late. Shedding on that when nothing else waits would refuse every request from
+    # then on, and no batch would ever correct the fit.
+    async def main() -> None:
+        model = HeldKnobs(Knobs(1, 0.0, 2))
+        controller = Controller("m", "1", parse_settings({"slo": {"p99_ms": 100}, "shed": True}), model)
+        for _ in range(MIN_SHED_BATCHES):
+            controller.dispatched("w1", 1)
+            controller.finished("w1", 1, "solo", 0.0, math.nan, 300.0)
+        await controller.tick()
+        assert controller.fit.mean() == pytest.approx((1.0, 300.0))
+        now = time.monotonic()
+        controller.admit(now, None)  # idle: served (its batch corrects the fit)
+        controller.dispatched("w1", 1)
+        controller.admit(now, None)  # one worker still free, nothing queued: served
+        model.queue = 1
+        with pytest.raises(ApiError) as queued:  # a request would wait behind another: the prediction decides
+            controller.admit(now, None)
+        assert queued.value.status == 503
+        model.queue = 0
+        with pytest.raises(ApiError):  # a client's own deadline of 50 ms is shed even when a worker is free
+            controller.admit(now, now + 0.05)
+        for _ in range(50):  # warm batches: 40 ms
+            controller.dispatched("w1", 1)
+            controller.finished("w1", 1, "solo", 0.0, 300.0, 40.0)
+        await controller.tick()
+        assert controller.fit.mean()[1] < 60.0  # type: ignore[index]
+        controller.admit(now, now + 0.1)  # now a client's 100 ms can be met
+        assert controller.describe()["shed"] == 2
+        await controller.close()
+
+    asyncio.run(main())

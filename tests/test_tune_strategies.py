@@ -228,6 +228,14 @@ def test_after_a_move_steps_that_lost_before_are_not_tried_again() -> None:
     from_best = [t.config for t in trials if t.reason == f"neighbour of {best.key}"]
     assert from_best == [Config("eager/cpu", 3, 2, 100)]
     assert len({t.config for t in trials}) <= len(Space(s)) // 2
+    # A loss measured only while another process took a core is no loss: w2|b4|d50 measured nothing but contended
+    # runs (a hog on the machine), so w2|b4 is tried from the new centre too.
+    slowed = Config("eager/cpu", 2, 4, 50)
+    hogged = drive(s, model, disturbed=lambda i, c: (10.0, 80.0) if c == slowed else None)
+    assert all(t.contended for t in hogged if t.config == slowed)
+    again = [t.config for t in hogged if t.reason == f"neighbour of {best.key}"]
+    assert Config("eager/cpu", 2, 4, 100) in again
+    assert analyse(s, hogged).winner.config == best  # type: ignore[union-attr]
 
 
 # -- bounds learned from the server's timing headers --------------------------------------------------------

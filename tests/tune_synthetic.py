@@ -33,7 +33,7 @@ def result(
     others_cores: float | None = None,
 ) -> BenchResult:
     """A made-up load run; ``handler_ms``: the server's handler time per batch (full batches), as its timing
-    headers would report it; ``others_cores``: other processes' CPU during the run (0.25 and up: contended)."""
+    headers would report it; ``others_cores``: other processes' CPU during the run (0.15 and up: contended)."""
     c = config or Config("eager/cpu", 1, 1, 10)
     labels = {"model": "m", "batch_size": str(c.batch_size), "batch_delay": str(c.batch_delay_ms),
               "workers": str(c.workers)}  # fmt: skip

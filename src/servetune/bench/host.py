@@ -21,7 +21,10 @@ from urllib.parse import urlsplit
 
 import psutil
 
-CONTENDED_CORES = 0.25
+# Other processes' CPU (cores, mean over a run) from which a run is contended. On the project's idle 2-core VM no
+# tuner run measured more than 0.07; a hog on one core for 1 s of a 5 s run averages 0.2 and took a P99 from
+# ~160 to 354 ms (the tail is where a stall lands), so 0.25 let such runs decide (docs/tune.md).
+CONTENDED_CORES = 0.15
 
 
 @dataclass(frozen=True)

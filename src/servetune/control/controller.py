@@ -49,6 +49,27 @@ class Actuator(Protocol):
         ...
 
 
+class HeldKnobs:
+    """An :class:`Actuator` that only holds the knobs and a queue length it is told: the controller run in process,
+    with no model behind it (its overhead timed, its admission checked by hand)."""
+
+    def __init__(self, knobs: Knobs, queue: int = 0) -> None:
+        self.now = knobs
+        self.queue = queue
+
+    def knobs(self) -> Knobs:
+        return self.now
+
+    def queue_length(self) -> int:
+        return self.queue
+
+    def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
+        self.now = Knobs(batch_size, max_batch_delay_ms, self.now.workers)
+
+    async def set_workers(self, workers: int) -> None:
+        self.now = Knobs(self.now.batch_size, self.now.max_batch_delay_ms, workers)
+
+
 class Controller:
     def __init__(
         self,
@@ -189,7 +210,12 @@ class Controller:
 
     def admit(self, arrival: float, deadline: float | None) -> None:
         """Count the arrival; with shedding, raise ApiError 503 (Retry-After) when the request is predicted to miss
-        its deadline: the SLA's (arrival + target), or the client's own when sooner."""
+        its deadline: the SLA's (arrival + target), or the client's own when sooner.
+
+        An idle model (a worker free, nothing queued) sheds only on a client's own deadline: shedding on the SLA's
+        protects the requests behind a late one, and there are none; and the prediction is then the fit's alone,
+        which only served batches correct (a fit learned from a cold worker's first, slow batches would otherwise
+        shed every request from then on, and nothing would ever correct it)."""
         self.meter.arrive(arrival)
         if not self.policy.shed:
             return
@@ -197,12 +223,15 @@ class Controller:
         if cost is None or self.fit.count < MIN_SHED_BATCHES:
             return
         limit = arrival + self.settings.target_ms / 1000.0
+        own = False  # the client's own deadline is the sooner
         if deadline is not None and deadline < limit:
-            limit = deadline
-        now = self.clock()
+            limit, own = deadline, True
         knobs = self.actuator.knobs()
-        busy = [(start + predicted / 1000.0 - now) * 1000.0 for start, predicted in self.inflight.values()]
         queue = self.actuator.queue_length()
+        if not own and queue == 0 and len(self.inflight) < knobs.workers:
+            return
+        now = self.clock()
+        busy = [(start + predicted / 1000.0 - now) * 1000.0 for start, predicted in self.inflight.values()]
         wait_ms = completion_ms(cost, queue, knobs.batch_size, busy, knobs.workers, knobs.max_batch_delay_ms)
         # the answer must also cross the frontend and the network inside the deadline, and the prediction may err
         if now + (wait_ms + self.margin_ms + SLACK_MS) / 1000.0 <= limit:
@@ -301,4 +330,4 @@ def _finite(value: float) -> float | None:
     return round(value, 3) if math.isfinite(value) else None
 
 
-__all__ = ["MIN_SHED_BATCHES", "REASONS", "Actuator", "Controller"]
+__all__ = ["MIN_SHED_BATCHES", "REASONS", "Actuator", "Controller", "HeldKnobs"]

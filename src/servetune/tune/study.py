@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from servetune.bench.host import CONTENDED_CORES
 from servetune.bench.slo import Slo
 from servetune.bench.spec import StageSpec
 
@@ -231,7 +232,7 @@ class Contention:
     schedule) is measured again, up to ``retries`` times; the least disturbed run is kept, marked when it was
     still contended (``bench/host.py``)."""
 
-    max_other_cores: float = 0.25
+    max_other_cores: float = CONTENDED_CORES
     retries: int = 2
 
 

@@ -18,7 +18,7 @@ space:
   ray_ongoing_batches: [1, 2]   # a target's own key (here Ray's): read by that target, see targets/
 load: capacity                  # or {concurrency: 16}, or {trace: FILE, ...}; default: clients = batch size x workers
 strategy: adaptive              # or grid; {name: adaptive, remeasure: 3, finalists: 2, rounds: 3}
-contention: {max_other_cores: 0.25, retries: 2}
+contention: {max_other_cores: 0.15, retries: 2}
 budget: 20m                     # or {time: 20m, trials: 40}
 
 ``backend`` and a target's address key (``ray_address``) are read by the loader, not here.
@@ -308,7 +308,7 @@ def parse_contention(value: Any) -> Contention:
     spec = v.mapping("contention", value)
     v.check_keys("contention", spec, ("max_other_cores", "retries"))
     return Contention(
-        max_other_cores=v.number("contention.max_other_cores", spec.get("max_other_cores", 0.25)),
+        max_other_cores=v.number("contention.max_other_cores", spec.get("max_other_cores", Contention.max_other_cores)),
         retries=v.integer("contention.retries", spec.get("retries", 2), 0),
     )
 

@@ -195,7 +195,8 @@ class AdaptiveSearch(Strategy):
 
     def _lost_before(self, config: Point, best: Point, previous: Point | None) -> bool:
         """After a move from ``previous`` to ``best``, the same step from ``previous`` was measured and clearly lost
-        to it: the knobs act alike at both points (they differ in one knob), so the step is not tried again."""
+        to it: the knobs act alike at both points (they differ in one knob), so the step is not tried again. A loss
+        measured only while other processes took the CPU (every run of it contended) says nothing about the step."""
         if previous is None or not _families(config) == _families(best) == _families(previous):
             return False
         counterpart: Point | None = previous
@@ -204,6 +205,8 @@ class AdaptiveSearch(Strategy):
             if delta and counterpart is not None:
                 counterpart = self.space.step(counterpart, axis, delta)
         if counterpart is None or counterpart in (previous, best) or not self.measured(counterpart):
+            return False
+        if all(t.contended for t in self.trials if t.config == counterpart):
             return False
         return better(self._verdict(previous), self._verdict(counterpart))
 
