@@ -24,6 +24,8 @@ UNMEASURED = ("budget", "notes", "source", "backend_address", "references")  # r
 # field -> default, for fields that came after version 1
 LATER_STUDY: dict[str, Any] = {
     "backend": "native", "options": {}, "models": (), "pipeline": (), "mix": (), "sla_scale": (),
+    # 0.25 was the default when contention came; since 0.15 (2026-12-03), a default study's fingerprint differs from
+    # checkpoints measured under 0.25, as it should: their runs were judged contended by another rule
     "contention": {"max_other_cores": 0.25, "retries": 2},
 }  # fmt: skip
 LATER_LOAD: dict[str, Any] = {
