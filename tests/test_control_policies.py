@@ -86,18 +86,31 @@ def test_lsq_sheds_and_holds_batches_for_their_deadline() -> None:
 
 def test_the_decision_log_rotates_and_keeps_the_recent_changes(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
-    log = DecisionLog(str(path), max_bytes=200, keep=2, recent=3)
+    log = DecisionLog(str(path), max_bytes=400, keep=2, recent=3)
     for i in range(20):
-        log.batch({"kind": "batch", "i": i, "pad": "x" * 20})
+        log.batch(i / 10, 'w"0', "full", i, 0.5, None if i % 2 else 1.25, 2.5)
     for i in range(5):
         log.change({"kind": "knobs", "i": i})
     log.close()
     assert [r["i"] for r in log.recent] == [2, 3, 4]
     kept = [path, path.with_name("d.jsonl.1"), path.with_name("d.jsonl.2")]
     assert all(p.exists() for p in kept) and not path.with_name("d.jsonl.3").exists()
-    assert all(p.stat().st_size <= 200 + 60 for p in kept)  # rotated once past the limit
+    assert all(p.stat().st_size <= 400 + 170 for p in kept)  # rotated once past the limit
     last = [json.loads(line) for line in path.read_text().splitlines()]
     assert last[-1] == {"kind": "knobs", "i": 4}
+    batches = [json.loads(line) for p in kept for line in p.read_text().splitlines()]
+    batches = sorted((r for r in batches if r["kind"] == "batch"), key=lambda r: r["size"])
+    assert batches[-1] == {
+        "t": 1.9,
+        "kind": "batch",
+        "worker": 'w"0',
+        "reason": "full",
+        "size": 19,
+        "oldest_queue_ms": 0.5,
+        "predicted_ms": None,
+        "actual_ms": 2.5,
+    }
+    assert batches[-2]["predicted_ms"] == 1.25
 
 
 def test_a_fit_from_a_cold_workers_slow_batches_does_not_shed_an_idle_model() -> None:

@@ -23,6 +23,7 @@ from servetune.control.settings import ControlSettings, Knobs
 
 class Static:
     name = "static"
+    observes = False
     shed = False
     deadline_dispatch = False
 
@@ -38,6 +39,7 @@ class Static:
 
 class Greedy:
     name = "greedy"
+    observes = False
     shed = False
     deadline_dispatch = False
 
@@ -54,6 +56,7 @@ class Greedy:
 
 class Aimd:
     name = "aimd"
+    observes = True
     shed = False
     deadline_dispatch = False
 
@@ -78,6 +81,7 @@ class Aimd:
 
 class LeastSquares:
     name = "lsq"
+    observes = False
     deadline_dispatch = True  # BentoML holds a batch while its oldest request can still make max_latency
 
     def __init__(self, settings: ControlSettings, registered: Knobs) -> None:
@@ -94,6 +98,7 @@ class LeastSquares:
 
 class QueueScaling:
     name = "queue"
+    observes = False
     shed = False
     deadline_dispatch = False
 
@@ -127,6 +132,7 @@ class QueueScaling:
 
 class Oracle:
     name = "oracle"
+    observes = False
     shed = False
     deadline_dispatch = False
 

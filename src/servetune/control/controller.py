@@ -283,19 +283,9 @@ class Controller:
             self.predicted_ms_sum += predicted_ms
             self.actual_ms_sum += actual_ms
         known = None if math.isnan(predicted_ms) else predicted_ms
-        self.policy.observe(BatchSeen(size, reason, oldest_queue_ms, known, actual_ms, worker))
-        self.log.batch(
-            {
-                "t": round(self.clock() - self.started, 4),
-                "kind": "batch",
-                "worker": worker,
-                "reason": reason,
-                "size": size,
-                "oldest_queue_ms": round(oldest_queue_ms, 3),
-                "predicted_ms": None if math.isnan(predicted_ms) else round(predicted_ms, 3),
-                "actual_ms": round(actual_ms, 3),
-            }
-        )
+        if self.policy.observes:
+            self.policy.observe(BatchSeen(size, reason, oldest_queue_ms, known, actual_ms, worker))
+        self.log.batch(self.clock() - self.started, worker, reason, size, oldest_queue_ms, known, actual_ms)
 
     # ---- describe ----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The decision log: one JSON object a line for every batch dispatched (why it went, its size, its oldest request's
 wait, predicted and actual time) and every knob change (old, new, and the prediction behind it), in a file rotated
 at ``max_bytes`` (``decisions.jsonl`` → ``decisions.jsonl.1`` → ...), and the last knob changes kept in memory for
-describe. Lines are buffered and flushed at every controller tick, so a batch costs a ``json.dumps``, not a write.
+describe. Lines are buffered and flushed at every controller tick, so a batch costs a line formatted (a knob change
+a ``json.dumps``), not a write.
 """
 
 from __future__ import annotations
@@ -24,22 +25,43 @@ class DecisionLog:
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=recent)
         self._file: IO[str] | None = None
         self._size = 0
+        self._quoted: dict[str, str] = {}  # worker id -> its JSON string
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open for the model's life)
             self._size = self._file.tell()
 
-    def batch(self, record: dict[str, Any]) -> None:
-        self._write(record)
+    def batch(
+        self,
+        t: float,
+        worker: str,
+        reason: str,
+        size: int,
+        oldest_queue_ms: float,
+        predicted_ms: float | None,
+        actual_ms: float,
+    ) -> None:
+        """One dispatched batch's line (formatted directly: a batch is the log's hot path, a ``json.dumps`` of a dict
+        cost ~5 µs of it). ``t`` is seconds since the controller started."""
+        if self._file is None:
+            return
+        quoted = self._quoted.get(worker)
+        if quoted is None:
+            quoted = self._quoted[worker] = json.dumps(worker)
+        predicted = "null" if predicted_ms is None else f"{predicted_ms:.3f}"
+        self._write_line(
+            f'{{"t":{t:.4f},"kind":"batch","worker":{quoted},"reason":"{reason}","size":{size},'
+            f'"oldest_queue_ms":{oldest_queue_ms:.3f},"predicted_ms":{predicted},"actual_ms":{actual_ms:.3f}}}\n'
+        )
 
     def change(self, record: dict[str, Any]) -> None:
         self.recent.append(record)
-        self._write(record)
+        if self._file is not None:
+            self._write_line(json.dumps(record, separators=(",", ":")) + "\n")
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write_line(self, line: str) -> None:
         if self._file is None:
             return
-        line = json.dumps(record, separators=(",", ":")) + "\n"
         try:
             self._file.write(line)
         except OSError as exc:  # a full disk must not stop the model serving

@@ -136,10 +136,15 @@ def completion_ms(
     ``batch_size`` at a time by ``workers`` workers, of which those in ``busy_remaining_ms`` are busy for that long
     yet; its own batch takes t(its size). With no request ahead and an idle worker it waits the batch delay."""
     workers = max(1, workers)
+    full, rest = divmod(ahead, batch_size)  # whole batches ahead of it
+    own = min(batch_size, rest + 1)
+    if full == 0:  # the common case, admission's hot path: it goes when the first worker frees
+        start = 0.0 if len(busy_remaining_ms) < workers else max(0.0, min(busy_remaining_ms))
+        if ahead == 0 and start == 0.0:
+            start = delay_ms if own < batch_size else 0.0
+        return start + cost.t(own)
     free = sorted([max(0.0, r) for r in busy_remaining_ms] + [0.0] * max(0, workers - len(busy_remaining_ms)))
     free = free[:workers]
-    full = ahead // batch_size  # whole batches ahead of it
-    own = min(batch_size, ahead % batch_size + 1)
     t_full = cost.t(batch_size)
     if full <= 4 * workers:
         for _ in range(full):

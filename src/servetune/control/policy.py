@@ -3,8 +3,9 @@ sees, and the registry that chooses one by name (``controller.policy`` in the mo
 
 The controller (``control/controller.py``) does the measuring, the acting, the shedding and the logging; a policy only
 decides: ``decide(view)`` every tick returns the knobs it wants (or None: as they are) with the figures behind them,
-``observe(batch)`` sees every batch that finished. Two flags say what else it uses: ``shed`` (admission control) and
-``deadline_dispatch`` (a batch goes early when its oldest request would otherwise miss its deadline).
+``observe(batch)`` sees every batch that finished (when ``observes``). Two flags say what else it uses: ``shed``
+(admission control) and ``deadline_dispatch`` (a batch goes early when its oldest request would otherwise miss its
+deadline).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Policy(Protocol):
     name: str
     shed: bool
     deadline_dispatch: bool
+    observes: bool  # whether ``observe`` learns from batches (False: the controller does not build what it would see)
 
     def decide(self, view: View) -> Decision | None:
         """The knobs to have now, or None to leave them."""

@@ -28,6 +28,7 @@ class SloPolicy:
     """The control law with hysteresis (see the module)."""
 
     name = "controller"
+    observes = False  # the fit is the controller's own
     deadline_dispatch = True
 
     def __init__(self, settings: ControlSettings, registered: Knobs) -> None:
