@@ -2,6 +2,9 @@
 
     python benchmarks/controller_vs_baselines.py --quick [--json rows.json]
     python benchmarks/controller_vs_baselines.py [--seconds 900] [--policies controller,greedy,...] [--json rows.json]
+    python benchmarks/controller_vs_baselines.py --model resnet18 --quick --sla-x 5 [--decisions DIR]
+
+``--decisions DIR`` keeps each run's decision log (``m<run>-<policy>.jsonl``: every batch and knob change).
 
 ``--model cost`` (default) is a known-cost model: each batch of n sleeps a + b·n ms (25 + 2.5n by default), so batching
 matters and the right answers can be computed. ``--model resnet18`` is ResNet-18 on the CPU (random weights, seed 0)
@@ -255,10 +258,16 @@ class Bench:
         self.server, self.store, self.setup, self.served = server, store, setup, served
         self.body = served.body
         self.runs = 0
+        self.decisions: Path | None = None  # --decisions: each run's decision log, named after its model
+
+    def label(self, section: dict[str, Any]) -> str:
+        return str(section.get("policy", "controller"))
 
     def register(self, section: dict[str, Any], workers: int) -> str:
         self.runs += 1
         name = f"m{self.runs}"
+        if self.decisions is not None:
+            section = {**section, "log": str(self.decisions / f"{name}-{self.label(section)}.jsonl")}
         archive = build_archive(self.store, self.served, name, section)
         query = urllib.parse.urlencode({"url": archive, "initial_workers": workers, "synchronous": "true"})
         status, body = call(f"{self.server.management_url}/models?{query}", "POST")
@@ -483,6 +492,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument("--decisions", type=Path, default=None, help="write each run's decision log (JSONL) here")
     args = parser.parse_args()
     quick = args.quick
     setup = Setup(
@@ -519,6 +529,9 @@ def main() -> None:
         }
         with EmbeddedServer(store, {}, properties, workdir=Path(tmp) / "server") as server:
             bench = Bench(server, store, setup, served)
+            if args.decisions is not None:
+                args.decisions.mkdir(parents=True, exist_ok=True)
+                bench.decisions = args.decisions.resolve()
             if args.model == "resnet18":
                 setup = replace(setup, cost=fit_cost(bench, setup.workers, log))
                 bench.setup = setup
