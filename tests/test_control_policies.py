@@ -146,3 +146,25 @@ def test_a_fit_from_a_cold_workers_slow_batches_does_not_shed_an_idle_model() ->
         await controller.close()
 
     asyncio.run(main())
+
+
+def test_before_b_is_told_the_cap_stays_within_what_a_proportional_cost_makes_safe() -> None:
+    # Registered at batch 8; the batches seen are all of one request at 40 ms. Until b can be told, a batch of n is
+    # taken to cost n * 40 ms: with 2 workers a request may wait for half a batch, so 1.5 * 40 * n <= 200 - 2 gives
+    # n = 3 (the registered 8 would have run batches of 5 at ~200 ms); a cost that says 1 still leaves 2.
+    raw = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "max_batch_delay_ms": [0, 10]}}
+    settings = parse_settings(raw)
+    policy = make_policy(settings, Knobs(8, 0.0, 2))
+    fit = ServiceFit()
+    assert policy.decide(View(0.0, 0.0, 0.0, 0, 0, Knobs(8, 0.0, 2), settings, fit, 0.0)) is None  # as registered
+    for _ in range(5):
+        fit.add(1, 40.0)
+    decision = policy.decide(View(1.0, 1.0, 0.0, 0, 0, Knobs(8, 0.0, 2), settings, fit, 0.0))
+    assert decision is not None and decision.knobs == Knobs(3, 0.0, 2)
+    assert decision.why == {"uncalibrated": {"per_request_ms": 40.0, "safe_cap": 3}}
+    assert policy.decide(View(1.1, 1.1, 0.0, 0, 0, Knobs(3, 0.0, 2), settings, fit, 0.0)) is None
+    slow = ServiceFit()
+    for _ in range(5):
+        slow.add(1, 150.0)
+    decision = policy.decide(View(2.0, 2.0, 0.0, 0, 0, Knobs(3, 0.0, 2), settings, slow, 0.0))
+    assert decision is not None and decision.knobs.batch_size == 2

@@ -163,7 +163,7 @@ class Controller:
             return
         seen = self.fit.mean()
         # b not told yet: admission takes a batch to cost what the batches seen cost, whatever its size (it sheds
-        # only what is late even so), and the policy leaves the knobs as registered
+        # only what is late even so), and the policy keeps the registered cap within what that cost makes safe
         self._cost = Cost(seen[1], 0.0) if seen is not None else None
 
     def apply(self, view: View, decision: Decision) -> None:

@@ -15,7 +15,7 @@ apply: the knobs do not flap on a rate that wobbles.
 
 from __future__ import annotations
 
-from servetune.control.law import SLACK_MS, batch_cap, decide, measured_bounds, wait_factor
+from servetune.control.law import SLACK_MS, Cost, batch_cap, decide, measured_bounds, wait_factor
 from servetune.control.policy import BatchSeen, Decision, View
 from servetune.control.settings import ControlSettings, Knobs
 
@@ -47,19 +47,26 @@ class SloPolicy:
 
     def decide(self, view: View) -> Decision | None:
         s = self.settings
-        # Until the fit can tell b (batches of two sizes), the knobs stay as registered: a cap set from a guess
-        # could keep every batch at one size, and b would never be told; the load itself varies the batches.
+        # Until the fit can tell b (batches of two sizes), the cap is the registered one, but no larger than what
+        # the batches seen say is safe if a batch costs in proportion to its size (the pessimistic guess), and never
+        # under 2: a cap of 1 would keep every batch at one size, and b would never be told.
         cost, cautious = view.cost(), view.cautious_cost()
         if cost is None or cautious is None:
-            if self._started:
-                return None
+            registered = max(s.batch_size[0], min(s.batch_size[1], self.registered.batch_size))
+            seen = view.fit.mean()
+            why: dict[str, object] = {"start": True}
+            if seen is not None:
+                per_request = seen[1] / seen[0]
+                budget = s.target_ms - view.margin_ms - SLACK_MS
+                safe = max(2, batch_cap(Cost(0.0, per_request), budget, s.max_batch_delay_ms[0], s.batch_size,
+                                        view.knobs.workers))  # fmt: skip
+                registered = max(s.batch_size[0], min(registered, safe))
+                why = {"uncalibrated": {"per_request_ms": round(per_request, 3), "safe_cap": safe}}
+            if self._started and registered >= view.knobs.batch_size:
+                return None  # a smaller cap applies at once; the registered one is never exceeded
             self._started = True  # before any batch: the registered knobs within bounds, no delay
-            first = Knobs(
-                max(s.batch_size[0], min(s.batch_size[1], self.registered.batch_size)),
-                float(s.max_batch_delay_ms[0]),
-                view.knobs.workers,
-            )
-            return Decision(first, {"start": True}) if first != view.knobs else None
+            first = Knobs(registered, float(s.max_batch_delay_ms[0]), view.knobs.workers)
+            return Decision(first, why) if first != view.knobs else None
         self._started = True
         # a backlog is load too: what waits should drain within a second
         rate = view.rate + view.queue
