@@ -116,48 +116,6 @@ def test_batcher_collects_up_to_batch_size_within_delay() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("split", [True, False])
-def test_idle_workers_split_what_waits(split: bool) -> None:
-    """Two idle workers, eight requests at once, batch size 8: with ``split`` (CPU workers) each takes four, the
-    second at once (not after the batch delay); without it the first takes all eight. A worker idle alone takes a
-    full batch either way, and a lone request is not split."""
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        batcher = Batcher(batch_size=8, max_delay_s=1.0, capacity=100, split=split)
-        first, second = asyncio.create_task(batcher.next_batch()), asyncio.create_task(batcher.next_batch())
-        await asyncio.sleep(0.01)  # both collectors are waiting
-        start = loop.time()
-        for i in range(8):
-            batcher.put(_job(loop, str(i)))
-        one = await asyncio.wait_for(first, 0.5)
-        if split:
-            two = await asyncio.wait_for(second, 0.5)
-            assert [j.request.request_id for j in one] == ["0", "1", "2", "3"]
-            assert [j.request.request_id for j in two] == ["4", "5", "6", "7"]
-            assert loop.time() - start < 0.5  # the second did not wait out the delay for a full batch
-        else:
-            assert len(one) == 8 and not second.done()
-            second.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await second
-        for i in range(10):  # one worker idle: a full batch, split or not
-            batcher.put(_job(loop, f"b{i}"))
-        assert len(await batcher.next_batch()) == 8
-        assert len(await batcher.next_batch()) == 2
-        lone = [asyncio.create_task(batcher.next_batch()) for _ in range(2)]
-        await asyncio.sleep(0.01)
-        batcher.put(_job(loop, "alone"))
-        done, pending = await asyncio.wait(lone, timeout=1.5, return_when=asyncio.FIRST_COMPLETED)
-        assert [[j.request.request_id for j in t.result()] for t in done] == [["alone"]] and len(pending) == 1
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        assert len(batcher) == 0
-
-    asyncio.run(main())
-
-
 def test_batcher_is_bounded_and_skips_abandoned_jobs() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -3,12 +3,6 @@ requests within ``max_delay`` of that request's arrival (not of the moment a wor
 TorchServe does: pytorch/serve#2478), or sooner when a controller says the oldest request would miss its deadline
 (``dispatch_by``). Idle workers take turns collecting; the queue is bounded. A queued job whose deadline passes is
 answered at the deadline (a timer per job that has one), not when a worker next asks for a batch.
-
-With ``split`` (workers that do not share a device: CPU workers on their own cores), a batch that goes while other
-workers are idle too takes only its share of the queue, ``ceil(queued / idle workers)``, and the next idle worker
-takes the rest at once: eight requests that arrive together on two idle workers run as two batches of four side by
-side, not one of eight while the other worker waits. Under load (one worker idle at a time, or a queue of a full
-batch per idle worker) nothing changes.
 """
 
 from __future__ import annotations
@@ -57,7 +51,7 @@ class QueueFull(ServetuneError):
 
 
 class Batcher:
-    def __init__(self, batch_size: int, max_delay_s: float, capacity: int, split: bool = False) -> None:
+    def __init__(self, batch_size: int, max_delay_s: float, capacity: int) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_delay_s < 0:
@@ -75,9 +69,6 @@ class Batcher:
         # latest time the batch may go for its oldest request to make its deadline; None: the delay alone decides.
         self.dispatch_by: Callable[[float, int], float] | None = None
         self.last_reason = "delay"  # why the last batch went: "full", "delay", "deadline" or "solo"
-        self.split = split  # share the queue among the idle workers (the module's docstring)
-        self._idle = 0  # workers in next_batch: collecting, or waiting for their turn
-        self._rest = False  # a batch took its share of a split queue: the next collector takes what is left at once
 
     def reconfigure(self, batch_size: int, max_delay_s: float) -> None:
         """New limits, used from the batch being collected on (a collector waiting for more re-checks now)."""
@@ -158,13 +149,6 @@ class Batcher:
 
     async def next_batch(self) -> list[Job]:
         """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost."""
-        self._idle += 1
-        try:
-            return await self._collect()
-        finally:
-            self._idle -= 1
-
-    async def _collect(self) -> list[Job]:
         async with self._collecting:
             while True:
                 self._prune()
@@ -175,9 +159,8 @@ class Batcher:
                     self.last_reason = "solo"
                     return [self._queue.popleft()]
                 first = self._queue[0].arrival
-                self.last_reason = "full"  # or the share of a split queue
-                rest, self._rest = self._rest, False
-                while len(self._queue) < self.batch_size and not rest:
+                self.last_reason = "full"
+                while len(self._queue) < self.batch_size:
                     # re-read each time: a reconfigure (a controller's) applies to the batch being collected
                     deadline = first + self.max_delay_s
                     reason = "delay"
@@ -189,16 +172,12 @@ class Batcher:
                     if remaining <= 0 or not await self._wait_arrival(remaining):
                         self.last_reason = reason
                         break
-                size = self.batch_size
-                if self.split and self._idle > 1:  # the other idle workers take the rest at once
-                    size = min(size, -(-len(self._queue) // self._idle))
                 batch: list[Job] = []
-                while self._queue and len(batch) < size and not self._queue[0].solo:
+                while self._queue and len(batch) < self.batch_size and not self._queue[0].solo:
                     job = self._queue.popleft()
                     if job.abandoned:
                         self._discard(job)
                         continue
                     batch.append(job)
-                self._rest = size < self.batch_size and bool(self._queue)
                 if batch:
                     return batch

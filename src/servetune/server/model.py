@@ -34,9 +34,7 @@ class ServedModel:
         self.plan = plan
         self.model_dir = model_dir
         self.placement = placement
-        # CPU workers do not share a device: idle ones split what waits (``Batcher``); GPU workers may share one
-        split = plan.config.device_type == "cpu" or placement.gpus == 0
-        self.batcher = Batcher(plan.batch_size, plan.max_batch_delay_ms / 1000.0, plan.job_queue_size, split)
+        self.batcher = Batcher(plan.batch_size, plan.max_batch_delay_ms / 1000.0, plan.job_queue_size)
         # each batch's size is observed by the pool, where the batch ends
         self.pool = WorkerPool(self, metrics.batch_observer(plan.name, plan.version) if metrics is not None else None)
         self.min_workers = 0
