@@ -24,7 +24,6 @@ import json
 import statistics
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -35,54 +34,24 @@ from servetune.archive import create_archive
 from servetune.bench import BenchSpec, run_bench
 from servetune.bench.repeats import spread, verdict
 from servetune.bench.schedule import Schedule, from_times
+from servetune.control import Cost
 from servetune.embedded import EmbeddedServer
 
-ROOT = Path(__file__).resolve().parents[1]
-COST = textwrap.dedent(
-    """
-    import time
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from controller_vs_baselines import known_cost, resnet18  # noqa: E402
 
-    def handle(data, context):
-        if data is None:
-            return None
-        time.sleep((10.0 + 35.0 * len(data)) / 1000.0)
-        return ["ok"] * len(data)
-    """
-)
 CONFIG = {"batchSize": 8, "maxBatchDelay": 10, "minWorkers": 2, "maxWorkers": 2, "numThreads": 1}
 
 
 def build(tmp: Path, model: str) -> Path:
-    """The archive in ``tmp/store`` as ``m.mar``; returns the request body."""
-    store = tmp / "store"
-    store.mkdir()
-    (tmp / "model-config.yaml").write_text(yaml.safe_dump(CONFIG))
-    if model == "cost":
-        (tmp / "handler.py").write_text(COST)
-        (tmp / "body.bin").write_bytes(b"x" * 64)
-        files: dict[str, Any] = {"handler": str(tmp / "handler.py")}
-        body = tmp / "body.bin"
-    else:
-        import torch
-
-        sys.path.insert(0, str(ROOT / "examples" / "resnet18"))
-        from make_archive import sample_image
-        from model import ResNet18
-
-        torch.manual_seed(0)
-        torch.save(ResNet18().eval().state_dict(), tmp / "resnet18.pt")
-        (tmp / "index_to_name.json").write_text(json.dumps({str(i): f"class_{i}" for i in range(1000)}))
-        files = {
-            "handler": "image_classifier",
-            "serialized_file": str(tmp / "resnet18.pt"),
-            "model_file": str(ROOT / "examples" / "resnet18" / "model.py"),
-            "extra_files": [str(tmp / "index_to_name.json")],
-        }
-        body = sample_image(tmp / "sample.png")
-    create_archive(
-        model_name="m", version="1.0", config_file=str(tmp / "model-config.yaml"), export_path=str(store), **files
-    )
-    return body
+    """The archive in ``tmp/store`` as ``m.mar`` (controller_vs_baselines.py's models, with this setup's batching and
+    workers); returns the request body."""
+    served = known_cost(tmp, Cost(10.0, 35.0)) if model == "cost" else resnet18(tmp)
+    (tmp / "store").mkdir()
+    (tmp / "model-config.yaml").write_text(yaml.safe_dump({**served.config, **CONFIG}))
+    create_archive(model_name="m", version="1.0", config_file=str(tmp / "model-config.yaml"),
+                   export_path=str(tmp / "store"), **served.files)  # fmt: skip
+    return served.body
 
 
 def main() -> int:

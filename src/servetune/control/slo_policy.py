@@ -52,7 +52,7 @@ class SloPolicy:
         # under 2: a cap of 1 would keep every batch at one size, and b would never be told.
         cost, cautious = view.cost(), view.cautious_cost()
         if cost is None or cautious is None:
-            registered = max(s.batch_size[0], min(s.batch_size[1], self.registered.batch_size))
+            cap = max(s.batch_size[0], min(s.batch_size[1], self.registered.batch_size))
             seen = view.fit.mean()
             why: dict[str, object] = {"start": True}
             if seen is not None:
@@ -60,12 +60,12 @@ class SloPolicy:
                 budget = s.target_ms - view.margin_ms - SLACK_MS
                 safe = max(2, batch_cap(Cost(0.0, per_request), budget, s.max_batch_delay_ms[0], s.batch_size,
                                         view.knobs.workers))  # fmt: skip
-                registered = max(s.batch_size[0], min(registered, safe))
+                cap = max(s.batch_size[0], min(cap, safe))
                 why = {"uncalibrated": {"per_request_ms": round(per_request, 3), "safe_cap": safe}}
-            if self._started and registered >= view.knobs.batch_size:
+            if self._started and cap >= view.knobs.batch_size:
                 return None  # a smaller cap applies at once; the registered one is never exceeded
             self._started = True  # before any batch: the registered knobs within bounds, no delay
-            first = Knobs(registered, float(s.max_batch_delay_ms[0]), view.knobs.workers)
+            first = Knobs(cap, float(s.max_batch_delay_ms[0]), view.knobs.workers)
             return Decision(first, why) if first != view.knobs else None
         self._started = True
         # a backlog is load too: what waits should drain within a second
