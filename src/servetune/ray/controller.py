@@ -158,8 +158,8 @@ class RayCluster:
             if app is not None and state_name(app.status) == "DEPLOY_FAILED":
                 raise WorkerLoadError(_failure(app))
             found = app.deployments.get(deployment) if app is not None else None
-            if found is None and count == 0:
-                return True
+            if found is None and count == 0 and (app is None or _settled(app)):
+                return True  # gone, and the ingress that routed to it replaced (it answers 503 now, not routes)
             if app is not None and found is not None and state_name(app.status) != "DEPLOYING":
                 states = {state_name(k): v for k, v in found.replica_states.items()}
                 others = sum(v for k, v in states.items() if k != "RUNNING")
@@ -215,6 +215,14 @@ def _rss(pid: int) -> int:
 def state_name(value: Any) -> str:
     """``RUNNING`` for Ray's status enums (``str(ApplicationStatus.RUNNING)`` spells the class too)."""
     return str(getattr(value, "value", value))
+
+
+def _settled(app: Any) -> bool:
+    """The application applied its last config: not deploying, and every deployment's replicas running (none
+    starting, stopping or being reconfigured: an old ingress replica still routes by the config before)."""
+    if state_name(app.status) == "DEPLOYING":
+        return False
+    return all(state_name(k) == "RUNNING" for d in app.deployments.values() for k, v in d.replica_states.items() if v)
 
 
 def _failure(app: Any) -> str:

@@ -2,13 +2,20 @@
 version's replicas this way when Ray's proxy did not route the request there itself), and the one rule for what a
 failure on the way means: the replica died mid-request, its deployment is gone or its queue is full. Each is
 answered as the native server answers it, 503 with ``Retry-After``; nothing of Ray's escapes as a 500.
+
+A request can be sent to a deployment that is being deleted: the version was scaled to 0 or unregistered, and the
+ingress replica that routed it still holds the config before (Ray replaces it while it deletes the other). Ray's router
+then waits for a replica that never comes. A call that has not returned after ``GONE_CHECK_S`` asks Ray's controller,
+every ``GONE_CHECK_S``, whether the deployment still exists, and answers 503 "no worker" once it does not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from ray import serve
@@ -18,6 +25,22 @@ from ray.serve.exceptions import BackPressureError, RayServeException
 from servetune._exceptions import ApiError
 from servetune.api.types import InferRequest, InferResult, ModelMetadata
 from servetune.ray.plan import deployment_name
+
+GONE_CHECK_S = 1.0
+_seen: dict[tuple[str, str], tuple[float, bool]] = {}  # (app, deployment) -> (when asked, gone); one ask a second
+
+
+def _gone(app: str, deployment: str) -> bool:
+    """Whether the deployment no longer exists (its application's status, from Ray's controller: a blocking call)."""
+    key = (app, deployment)
+    now = time.monotonic()
+    asked = _seen.get(key)
+    if asked is not None and now - asked[0] < GONE_CHECK_S:
+        return asked[1]
+    status = serve.status().applications.get(app)
+    gone = status is None or deployment not in status.deployments
+    _seen[key] = (now, gone)
+    return gone
 
 
 def version_handle(model: str, version: str) -> Any:
@@ -47,9 +70,27 @@ async def infer(handle: Any, request: InferRequest) -> InferResult:
     sent = dataclasses.replace(request, is_disconnected=None, on_partial=None)
     with _answered("running this request"):
         if request.on_partial is None:
-            result: InferResult = await handle.infer_remote.remote(sent)
-            return result
-        return await _stream(handle, sent, request.on_partial)
+            return await _unless_gone(handle, _call(handle, sent))
+        return await _unless_gone(handle, _stream(handle, sent, request.on_partial))
+
+
+async def _call(handle: Any, request: InferRequest) -> InferResult:
+    result: InferResult = await handle.infer_remote.remote(request)
+    return result
+
+
+async def _unless_gone(handle: Any, call: Coroutine[Any, Any, InferResult]) -> InferResult:
+    """``call``'s result, or 503 "no worker" (``call`` cancelled) once the handle's deployment no longer exists."""
+    task = asyncio.ensure_future(call)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=GONE_CHECK_S)
+            if done:
+                return task.result()
+            if await asyncio.to_thread(_gone, handle.app_name, handle.deployment_name):
+                raise ApiError.no_worker(handle.app_name)
+    finally:
+        task.cancel()  # a no-op once done; else Ray's cancellation of the request it still routes
 
 
 async def metadata(handle: Any) -> ModelMetadata:
