@@ -66,9 +66,30 @@ def test_the_finalists_are_the_best_and_the_simplest_near_it() -> None:
             Trial(i, config, 0, "ok", result(rps, 100.0))
             for i, (config, rps) in enumerate(((wide, 100.0), (second, 97.0), (third, 93.0), (A, 85.0)))
         ]
-        assert final.choose_finalists(s, searched) == [wide, simple]
+        # A (2 x 1) is 15% behind, out of the band, but it is 4 x 1 one step simpler: compared too
+        assert final.choose_finalists(s, searched) == [wide, simple, A]
     s3 = replace(s, strategy=replace(s.strategy, finalists=3))
-    assert final.choose_finalists(s3, searched) == [wide, simple, B]  # A is 15% behind: out of the band
+    assert final.choose_finalists(s3, searched) == [wide, simple, B, A]
+
+
+def test_the_best_is_compared_with_its_simpler_neighbours_unless_they_were_measured_far_behind() -> None:
+    """2 x 4 wins the search: the configs one step simpler are 1 x 4 (a worker fewer) and 2 x 2 (a smaller batch).
+    Each is a finalist when the search never measured it or measured it within 25%, not when it measured it further
+    behind or missing the SLA (1 x 4, measured at half, is none)."""
+    s = study(family(workers=(1, 2, 3), batch=(1, 2, 4, 8), delays=(25,)), p99_ms=300)
+    space = [Config("eager/cpu", w, b, 25) for w in (1, 2, 3) for b in (1, 2, 4, 8)]
+    best, near, fewer, half = (Config("eager/cpu", 2, 4, 25), Config("eager/cpu", 2, 2, 25),
+                               Config("eager/cpu", 1, 4, 25), Config("eager/cpu", 1, 8, 25))  # fmt: skip
+    searched = [Trial(0, best, 0, "ok", result(100.0, 200.0)), Trial(1, half, 0, "ok", result(95.0, 250.0)),
+                Trial(2, fewer, 0, "ok", result(50.0, 150.0))]  # fmt: skip
+    assert final.choose_finalists(s, searched, space) == [best, half, near]  # never measured
+    for rps, p99, finalist in ((80.0, 150.0, True), (70.0, 150.0, False), (99.0, 400.0, False)):
+        measured = [*searched, Trial(3, near, 0, "ok", result(rps, p99))]
+        assert (near in final.choose_finalists(s, measured, space)) is finalist, (rps, p99)
+        assert fewer not in final.choose_finalists(s, measured, space)
+    assert final.choose_finalists(s, searched) == [best, half]  # only the measured configs: 2 x 2 is not among them
+    unmeasured = [t for t in searched if t.config != fewer]
+    assert final.choose_finalists(s, unmeasured, space) == [best, half, near, fewer]  # both, least simple first
 
 
 def test_a_clear_difference_is_named_with_its_interval() -> None:

@@ -7,7 +7,13 @@ than that drift are ranked by chance. So, once the search is over:
 1. **Finalists**: the best config meeting the SLA and, of the others within 10% of its objective, the simplest
    (``count`` in all, default 2), chosen from the search's own trials. Not the next best: configs that close were
    ranked by the machine's drift, and which of them came second changes from run to run, while the simplest in the
-   band is the same each time; the rounds then keep it unless the best beats it clearly.
+   band is the same each time; the rounds then keep it unless the best beats it clearly. Then the best's **simpler
+   neighbours** (one knob one step down: a worker fewer, the next smaller batch, ...) that the search did not rule
+   out (measured missing the SLA or more than 25% behind): whether a search happened to measure one, and where
+   within 25% it ranked, is the search path and the drift (a resnet18 study named 2 workers x batch 4 without
+   comparing batch 2 in the runs where batch 2 came 11-13% behind or was never measured, and found the two
+   indistinguishable in every run where it compared them). They come on top of ``count``: a config is named only
+   once it beat, on interleaved rounds, each config one step simpler that could still be as good.
 2. **Interleaved rounds**: each finalist is measured ``rounds`` more times (default 3), in turn: A, B, A, B, ...
    so that drift in the machine hits all of them alike.
 3. **Pairwise comparison**: round by round, the objective of the best finalist over each other one; the mean of
@@ -23,15 +29,16 @@ whose rounds miss the SLA on their mean is out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 from servetune.bench.stats import mean_interval
 from servetune.tune.strategies.base import Proposal
-from servetune.tune.study import Point, Study
+from servetune.tune.study import KNOBS, Point, Study
 from servetune.tune.trial import Summary, Trial, average, judge, summarise_all
 
 BAND = 0.9  # finalists: within 10% of the best objective
+NEIGHBOUR_BAND = 0.75  # the best's simpler neighbours: unless measured more than 25% behind
 PHASE = "finalist"
 
 
@@ -50,7 +57,50 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
     best, floor = passed[0], BAND * passed[0].verdict.objective
     near = [s for s in passed[1:] if s.verdict.objective >= floor]
     near.sort(key=lambda s: (simplicity(s.config), -s.verdict.objective))
-    return [best.config, *(s.config for s in near[: count - 1])]
+    chosen = [best.config, *(s.config for s in near[: count - 1])]
+    measured = {s.config: s for s in summarise_all(searched, study)}
+    space = in_space if in_space is not None else list(measured)
+    chosen += [p for p in simpler_neighbours(best.config, space, measured) if p not in chosen]
+    return chosen
+
+
+def simpler_neighbours(best: Point, space: Sequence[Point], measured: Mapping[Point, Summary]) -> list[Point]:
+    """The configs one knob one step below ``best`` (the next smaller value of that knob in ``space``, the rest the
+    same), least simple first, but those the search measured missing the SLA or more than ``NEIGHBOUR_BAND`` behind
+    the best's objective."""
+    top = measured[best].verdict.objective
+    below: dict[tuple[int, str], Point] = {}
+    for point in space:
+        axis = _one_knob_below(best, point)
+        if axis is not None and (axis not in below or axis_value(point, axis) > axis_value(below[axis], axis)):
+            below[axis] = point
+    fit = [
+        p
+        for p in below.values()
+        if p not in measured or (measured[p].verdict.passed and measured[p].verdict.objective >= NEIGHBOUR_BAND * top)
+    ]
+    return sorted(fit, key=simplicity, reverse=True)
+
+
+def axis_value(point: Point, axis: tuple[int, str]) -> int:
+    return point.parts[axis[0]].knob(axis[1])
+
+
+def _one_knob_below(best: Point, point: Point) -> tuple[int, str] | None:
+    """The (part, knob) where ``point`` has a smaller value than ``best`` and is otherwise the same, if that is so."""
+    if len(point.parts) != len(best.parts):
+        return None
+    axes = [
+        (i, knob)
+        for i, (a, b) in enumerate(zip(best.parts, point.parts, strict=True))
+        for knob in KNOBS
+        if a.knob(knob) != b.knob(knob)
+    ]
+    if len(axes) != 1 or any(a.family != b.family for a, b in zip(best.parts, point.parts, strict=True)):
+        return None
+    value = axis_value(point, axes[0])
+    automatic = axes[0][1] == "threads" and value == 0  # not fewer threads: as many as the worker's share of cores
+    return axes[0] if value < axis_value(best, axes[0]) and not automatic else None
 
 
 def plan(study: Study, finalists: Sequence[Point], trials: list[Trial]) -> Generator[Proposal, None, None]:
