@@ -320,3 +320,30 @@ def test_a_reply_with_the_wrong_number_of_results_fails_its_batch_and_the_slot_k
 
 def _workers_of(server, model: str) -> list[dict]:  # type: ignore[no-untyped-def]
     return call("GET", f"{server.management_url}/models/{model}").json()[0]["workers"]
+
+
+def test_an_embedded_server_interrupted_while_it_starts_is_stopped(tmp_path: Path) -> None:
+    """Ctrl-C (or a tuner's SIGTERM, which the CLI turns into one) while the server starts: nothing is left running
+    (a benchmark's tuner killed at that moment left a server and its workers behind)."""
+    from servetune.embedded import EmbeddedServer
+
+    sleep_archive(tmp_path / "store", batch_ms=1)
+    server = EmbeddedServer(tmp_path / "store", {"sleep": "sleep.mar"}, {"disable_token_authorization": "true"},
+                            workdir=tmp_path / "server")  # fmt: skip
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        try:
+            server.start()
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the server started within 0.5 s: nothing was interrupted")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert server.proc is not None and server.proc.poll() is not None, "the server outlived the interrupted start"

@@ -160,8 +160,12 @@ class EmbeddedServer:
         self._pump = threading.Thread(target=pump, name="embedded-server-output", daemon=True)
         self._pump.start()
         deadline = time.monotonic() + self.startup_timeout
-        while not self.ready_file.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+        try:
+            while not self.ready_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+        except BaseException:  # interrupted while it starts (Ctrl-C, a tuner's SIGTERM): leave nothing running
+            self.stop()
+            raise
         if not self.ready_file.exists() or proc.poll() is not None:
             self.stop()
             tail = "\n".join(self.output[-30:])
