@@ -88,6 +88,8 @@ def test_the_best_is_compared_with_its_simpler_neighbours_unless_they_were_measu
         assert (near in final.choose_finalists(s, measured, space)) is finalist, (rps, p99)
         assert fewer not in final.choose_finalists(s, measured, space)
     assert final.choose_finalists(s, searched) == [best, half]  # only the measured configs: 2 x 2 is not among them
+    crowded = [*searched, Trial(3, near, 0, "ok", result(60.0, 150.0, others_cores=0.63))]
+    assert near in final.choose_finalists(s, crowded, space)  # measured far behind, but only while others ran
     unmeasured = [t for t in searched if t.config != fewer]
     assert final.choose_finalists(s, unmeasured, space) == [best, half, near, fewer]  # both, least simple first
 

@@ -9,11 +9,12 @@ than that drift are ranked by chance. So, once the search is over:
    ranked by the machine's drift, and which of them came second changes from run to run, while the simplest in the
    band is the same each time; the rounds then keep it unless the best beats it clearly. Then the best's **simpler
    neighbours** (one knob one step down: a worker fewer, the next smaller batch, ...) that the search did not rule
-   out (measured missing the SLA or more than 25% behind): whether a search happened to measure one, and where
-   within 25% it ranked, is the search path and the drift (a resnet18 study named 2 workers x batch 4 without
-   comparing batch 2 in the runs where batch 2 came 11-13% behind or was never measured, and found the two
-   indistinguishable in every run where it compared them). They come on top of ``count``: a config is named only
-   once it beat, on interleaved rounds, each config one step simpler that could still be as good.
+   out (measured missing the SLA or more than 25% behind, in a run nothing else disturbed): whether a search
+   happened to measure one, and where within 25% it ranked, is the search path and the drift (a resnet18 study
+   named 2 workers x batch 4 without comparing batch 2 in the runs where batch 2 came 11-13% behind or was never
+   measured, and found the two indistinguishable in every run where it compared them). They come on top of
+   ``count``: a config is named only once it beat, on interleaved rounds, each config one step simpler that could
+   still be as good.
 2. **Interleaved rounds**: each finalist is measured ``rounds`` more times (default 3), in turn: A, B, A, B, ...
    so that drift in the machine hits all of them alike.
 3. **Pairwise comparison**: round by round, the objective of the best finalist over each other one; the mean of
@@ -33,7 +34,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 from servetune.bench.stats import mean_interval
-from servetune.tune.strategies.base import Proposal
+from servetune.tune.strategies.base import Proposal, contended
 from servetune.tune.study import KNOBS, Point, Study
 from servetune.tune.trial import Summary, Trial, average, judge, summarise_all
 
@@ -67,19 +68,23 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
 def simpler_neighbours(best: Point, space: Sequence[Point], measured: Mapping[Point, Summary]) -> list[Point]:
     """The configs one knob one step below ``best`` (the next smaller value of that knob in ``space``, the rest the
     same), least simple first, but those the search measured missing the SLA or more than ``NEIGHBOUR_BAND`` behind
-    the best's objective."""
+    the best's objective in a run nothing else disturbed."""
     top = measured[best].verdict.objective
     below: dict[tuple[int, str], Point] = {}
     for point in space:
         axis = _one_knob_below(best, point)
         if axis is not None and (axis not in below or axis_value(point, axis) > axis_value(below[axis], axis)):
             below[axis] = point
-    fit = [
-        p
-        for p in below.values()
-        if p not in measured or (measured[p].verdict.passed and measured[p].verdict.objective >= NEIGHBOUR_BAND * top)
-    ]
+    fit = [p for p in below.values() if p not in measured or not _ruled_out(measured[p], NEIGHBOUR_BAND * top)]
     return sorted(fit, key=simplicity, reverse=True)
+
+
+def _ruled_out(summary: Summary, floor: float) -> bool:
+    """Measured missing the SLA or under ``floor``, in a run that other processes did not disturb (a contended
+    run's figures may be theirs: a hog run measured 2 x 2 at 0.65 of 2 x 4 with 0.63 cores of others)."""
+    if contended(summary):
+        return False
+    return not summary.verdict.passed or summary.verdict.objective < floor
 
 
 def axis_value(point: Point, axis: tuple[int, str]) -> int:
