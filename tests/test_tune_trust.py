@@ -122,6 +122,18 @@ def test_indistinguishable_finalists_give_the_simpler_one() -> None:
     assert "indistinguishable at this noise level" in lines[0] and lines[-1].startswith("Chosen: eager on cpu, 1 w")
 
 
+def test_a_simpler_finalist_far_behind_on_noisy_rounds_is_not_chosen() -> None:
+    """Rounds so noisy that 1.6x cannot be told from 1: the interval holds 1, but the simpler one is not chosen on
+    noise; within 10% it is."""
+    s = study(family(workers=(1, 2), batch=(1, 2), delays=(10,)), p99_ms=300)
+    verdict = final.compare(s, rounds([100.0, 160.0, 60.0], [40.0, 100.0, 50.0]), [A, B])
+    assert verdict is not None and not verdict.comparisons[0].distinguishable
+    assert verdict.comparisons[0].ratio > 1.5 and verdict.chosen == A
+    assert "not chosen on noise" in verdict.reason
+    close = final.compare(s, rounds([100.0, 130.0, 80.0], [95.0, 110.0, 90.0]), [A, B])
+    assert close is not None and close.comparisons[0].ratio <= 1 / final.BAND and close.chosen == B
+
+
 def test_a_finalist_that_misses_on_its_rounds_is_out() -> None:
     s = study(family(workers=(1, 2), batch=(1, 2), delays=(10,)), p99_ms=300)
     trials = rounds([100.0, 100.0, 100.0], [90.0, 90.0, 90.0])

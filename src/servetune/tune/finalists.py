@@ -19,9 +19,10 @@ than that drift are ranked by chance. So, once the search is over:
    so that drift in the machine hits all of them alike.
 3. **Pairwise comparison**: round by round, the objective of the best finalist over each other one; the mean of
    the log-ratios with Student's t at 95% gives the interval: "2 workers x batch 1 beats 1 worker x batch 2 by 14%
-   (95% CI 9-19%)". An interval that holds 1 says the two are **indistinguishable at this noise level**: of those,
-   the simplest is chosen (fewest workers, then the smallest batch, delay and threads: the cheapest to run, and
-   the one with the least latency at stake).
+   (95% CI 9-19%)". An interval that holds 1 says the two are **indistinguishable at this noise level**: of those
+   within 10% of the best on the rounds' mean, the simplest is chosen (fewest workers, then the smallest batch,
+   delay and threads: the cheapest to run, and the one with the least latency at stake). One further behind is not
+   chosen on noise.
 
 Only the rounds' own figures enter the comparison (the search's earlier runs were not interleaved); a finalist
 whose rounds miss the SLA on their mean is out.
@@ -149,6 +150,14 @@ class Comparison:
     def distinguishable(self) -> bool:
         return self.low is not None and self.high is not None and (self.low > 1.0 or self.high < 1.0)
 
+    @property
+    def tied(self) -> bool:
+        """Indistinguishable, and within the finalists' band on the rounds' mean: the simpler one may be chosen. An
+        interval too wide to tell them apart says nothing either way: a hog run's rounds put 2 workers x batch 4 at
+        1.61x 1 worker x batch 4 (95% CI -14-201%), and the simpler was chosen, a third of the throughput lost on
+        noise."""
+        return not self.distinguishable and self.ratio <= 1.0 / BAND
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -198,12 +207,17 @@ def compare(study: Study, trials: Sequence[Trial], finalists: Sequence[Point]) -
         ratio = math.exp(sum(logs) / len(logs)) if logs else math.nan
         low, high = (math.exp(interval[1]), math.exp(interval[2])) if interval else (None, None)
         comparisons.append(Comparison(best, other, len(pairs), ratio, low, high))
-    ties = [best] + [c.other for c in comparisons if not c.distinguishable]
+    ties = [best] + [c.other for c in comparisons if c.tied]
     chosen = min(ties, key=lambda c: (simplicity(c), -summaries[c].verdict.objective))
     if chosen == best:
         reason = "the best finalist on the interleaved rounds" + (
             ", and the simplest of those it cannot be told from" if len(ties) > 1 else ""
         )
+        if any(not c.distinguishable and not c.tied for c in comparisons):
+            reason += (
+                f"; a simpler one it could not be told from at this noise level measured more than "
+                f"{100 * (1 / BAND - 1):.0f}% behind on the rounds: not chosen on noise"
+            )
     else:
         reason = "indistinguishable at this noise level from the best finalist: the simpler (cheaper) one is chosen"
     return Verdict(tuple(finalists), tuple(comparisons), chosen, reason)
