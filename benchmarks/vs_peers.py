@@ -25,8 +25,10 @@ Cases (rows of ``--json``, one per server, case and engine):
 Per row: req/s, P50/P99 ms, ``overhead_ms`` (servetune only: client latency minus the handler time the server
 reports, median, c=1), ``cpu_us_per_req`` (CPU of all the server's processes per request), ``rss_mb`` and
 ``pss_mb`` (all its processes, read from /proc after the closed-loop runs), ``ready_s`` (launch to the first 200
-answer), ``others_cores`` (CPU used by processes that are neither the server nor the load client, per second of the
-run: other tenants of the machine), ``error`` (a server that could not run: the exact error).
+answer), ``others_cores`` (CPU run by processes that are neither the server nor this harness, per second of the
+run: other tenants of the machine; printed beside the harness's own CPU, the kernel's interrupt handling (loopback
+networking, charged to no process: it grows with the request rate, so a faster server shows more) and the time the
+hypervisor took), ``error`` (a server that could not run: the exact error).
 
 Load: servetune's own engine (``async``: closed and open loop) for every case; ``ab`` (Apache Bench, ``ab -k``) as an
 independent cross-check of the closed-loop cases. Measure on a quiet machine, and one benchmark at a time:
@@ -88,6 +90,9 @@ class Row:
     rate: float | None = None  # open loop: the offered rate
     errors: int = 0
     others_cores: float = math.nan
+    interrupt_cores: float = math.nan  # the kernel's irq + softirq (loopback networking), charged to no process
+    steal_cores: float = math.nan
+    client_cores: float = math.nan  # this harness, the load engine with it
     loadavg: float = math.nan
     error: str | None = None
 
@@ -166,9 +171,32 @@ def tree_memory_mb(server: Server) -> tuple[float, float]:
     return rss / 2**20, pss / 2**20
 
 
-def busy_cpu_s() -> float:
-    times = psutil.cpu_times()
-    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+@dataclass(frozen=True)
+class HostCpu:
+    """The machine's CPU seconds so far, split as a run's rows report them: time run by processes (user, nice,
+    system: what the server, this harness and other tenants use), the kernel's interrupt handling (irq, softirq:
+    mostly loopback networking, charged to no process, so growing with the request rate of the server measured),
+    and time the hypervisor took (steal)."""
+
+    processes: float
+    interrupts: float
+    steal: float
+
+    @classmethod
+    def now(cls) -> HostCpu:
+        t = psutil.cpu_times()
+        return cls(
+            float(t.user + t.nice + t.system),
+            float(getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)),
+            float(getattr(t, "steal", 0.0)),
+        )
+
+
+def harness_cpu_s() -> float:
+    """This process's CPU (every thread: the load engine's, the main thread's work on its results) and its reaped
+    children's (``ab``)."""
+    t = psutil.Process().cpu_times()
+    return float(t.user + t.system + t.children_user + t.children_system)
 
 
 def overhead_ms(result: BenchResult) -> float | None:
@@ -194,11 +222,11 @@ def measure(
     )
     if settings.warmup:
         run_bench(dataclasses.replace(spec, duration=settings.warmup))
-    cpu0, busy0, t0 = tree_cpu_s(server), busy_cpu_s(), time.monotonic()
+    cpu0, host0, own0, t0 = tree_cpu_s(server), HostCpu.now(), harness_cpu_s(), time.monotonic()
     result = run_bench(spec)
-    cpu1, busy1, wall = tree_cpu_s(server), busy_cpu_s(), time.monotonic() - t0
+    cpu1, host1, own1, wall = tree_cpu_s(server), HostCpu.now(), harness_cpu_s(), time.monotonic() - t0
     served = cpu1 - cpu0
-    others = max(0.0, busy1 - busy0 - served - result.client.cpu_seconds) / wall
+    others = max(0.0, host1.processes - host0.processes - served - (own1 - own0)) / wall
     lat = result.latency
     row = Row(
         server.name,
@@ -212,6 +240,9 @@ def measure(
         rate=rate,
         errors=result.failed,
         others_cores=others,
+        interrupt_cores=(host1.interrupts - host0.interrupts) / wall,
+        steal_cores=(host1.steal - host0.steal) / wall,
+        client_cores=(own1 - own0) / wall,
         loadavg=os.getloadavg()[0],
     )
     if server.name == "servetune" and case == "noop-c1" and engine == "async":
@@ -250,7 +281,8 @@ def say(row: Row) -> None:
     print(
         f"  {row.server:<10} {row.case:<14} {row.engine:<5}{rate:>11} {row.rps:9.1f} req/s  p50 {row.p50_ms:8.2f}  "
         f"p99 {row.p99_ms:8.2f} ms  cpu {row.cpu_us_per_req:7.0f} us/req  mem {row.rss_mb:6.0f}/{row.pss_mb:<6.0f} MB  "
-        f"ready {row.ready_s:5.1f} s  others {row.others_cores:4.2f} cores  load {row.loadavg:4.1f}"
+        f"ready {row.ready_s:5.1f} s  others {row.others_cores:4.2f} cores (client {row.client_cores:4.2f}, "
+        f"irq {row.interrupt_cores:4.2f}, steal {row.steal_cores:4.2f})  load {row.loadavg:4.1f}"
         + (f"  ERROR {row.error}" if row.error else ""),
         flush=True,
     )
