@@ -35,8 +35,9 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 from servetune.bench.stats import mean_interval
+from servetune.tune.space import Space
 from servetune.tune.strategies.base import Proposal, contended
-from servetune.tune.study import KNOBS, Point, Study
+from servetune.tune.study import Point, Study
 from servetune.tune.trial import Summary, Trial, average, judge, summarise_all
 
 BAND = 0.9  # finalists: within 10% of the best objective
@@ -61,22 +62,22 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
     near.sort(key=lambda s: (simplicity(s.config), -s.verdict.objective))
     chosen = [best.config, *(s.config for s in near[: count - 1])]
     measured = {s.config: s for s in summarise_all(searched, study)}
-    space = in_space if in_space is not None else list(measured)
-    chosen += [p for p in simpler_neighbours(best.config, space, measured) if p not in chosen]
+    allowed = set(in_space if in_space is not None else measured)
+    chosen += [p for p in simpler_neighbours(study, best.config, measured) if p in allowed and p not in chosen]
     return chosen
 
 
-def simpler_neighbours(best: Point, space: Sequence[Point], measured: Mapping[Point, Summary]) -> list[Point]:
-    """The configs one knob one step below ``best`` (the next smaller value of that knob in ``space``, the rest the
-    same), least simple first, but those the search measured missing the SLA or more than ``NEIGHBOUR_BAND`` behind
-    the best's objective in a run nothing else disturbed."""
-    top = measured[best].verdict.objective
-    below: dict[tuple[int, str], Point] = {}
-    for point in space:
-        axis = _one_knob_below(best, point)
-        if axis is not None and (axis not in below or axis_value(point, axis) > axis_value(below[axis], axis)):
-            below[axis] = point
-    fit = [p for p in below.values() if p not in measured or not _ruled_out(measured[p], NEIGHBOUR_BAND * top)]
+def simpler_neighbours(study: Study, best: Point, measured: Mapping[Point, Summary]) -> list[Point]:
+    """The configs one knob one step below ``best`` (``Space.step``; not down to automatic threads: that is as many
+    as the worker's share of cores, not fewer), least simple first, but those the search measured missing the SLA or
+    more than ``NEIGHBOUR_BAND`` behind the best's objective in a run nothing else disturbed."""
+    space, floor = Space(study), NEIGHBOUR_BAND * measured[best].verdict.objective
+    below = [
+        p
+        for i, knob in space.axes(best)
+        if (p := space.step(best, (i, knob), -1)) is not None and not (knob == "threads" and p.parts[i].threads == 0)
+    ]
+    fit = [p for p in below if p not in measured or not _ruled_out(measured[p], floor)]
     return sorted(fit, key=simplicity, reverse=True)
 
 
@@ -86,27 +87,6 @@ def _ruled_out(summary: Summary, floor: float) -> bool:
     if contended(summary):
         return False
     return not summary.verdict.passed or summary.verdict.objective < floor
-
-
-def axis_value(point: Point, axis: tuple[int, str]) -> int:
-    return point.parts[axis[0]].knob(axis[1])
-
-
-def _one_knob_below(best: Point, point: Point) -> tuple[int, str] | None:
-    """The (part, knob) where ``point`` has a smaller value than ``best`` and is otherwise the same, if that is so."""
-    if len(point.parts) != len(best.parts):
-        return None
-    axes = [
-        (i, knob)
-        for i, (a, b) in enumerate(zip(best.parts, point.parts, strict=True))
-        for knob in KNOBS
-        if a.knob(knob) != b.knob(knob)
-    ]
-    if len(axes) != 1 or any(a.family != b.family for a, b in zip(best.parts, point.parts, strict=True)):
-        return None
-    value = axis_value(point, axes[0])
-    automatic = axes[0][1] == "threads" and value == 0  # not fewer threads: as many as the worker's share of cores
-    return axes[0] if value < axis_value(best, axes[0]) and not automatic else None
 
 
 def plan(study: Study, finalists: Sequence[Point], trials: list[Trial]) -> Generator[Proposal, None, None]:
