@@ -347,3 +347,59 @@ def test_an_embedded_server_interrupted_while_it_starts_is_stopped(tmp_path: Pat
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert server.proc is not None and server.proc.poll() is not None, "the server outlived the interrupted start"
+
+
+def _serve(tmp_path: Path, store: Path, models: list[str], workers: int = 2) -> subprocess.Popen[str]:
+    config = tmp_path / "config.properties"
+    config.write_text(
+        "inference_address=http://127.0.0.1:0\nmanagement_address=http://127.0.0.1:0\n"
+        f"metrics_address=http://127.0.0.1:0\ndefault_workers_per_model={workers}\n"
+        "disable_token_authorization=true\ngrpc_inference_port=0\ngrpc_management_port=0\n"
+    )
+    command = [sys.executable, "-m", "servetune", "serve", "--ts-config", str(config), "--model-store", str(store)]
+    for model in models:
+        command += ["--models", model]
+    return subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigterm_while_the_workers_start_and_die_stops_the_server(tmp_path: Path) -> None:
+    """SIGTERM to a server while a start-up model still loads (for a minute), and SIGKILL to another model's serving
+    workers in the same instant (a node drained while the pod starts): the server stops at once, without waiting
+    for the load (Kubernetes kills a pod 30 s after its SIGTERM), restarts no worker, and leaves none behind."""
+    store = tmp_path / "store"
+    sleep_archive(store, model_config={"workerPreload": "off"})
+    sleep_archive(store, name="slow", model_config={"workerPreload": "off", "sleep": {"load_s": 60.0}})
+    proc = _serve(tmp_path, store, ["sleep=sleep.mar", "slow=slow.mar"])
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(line.startswith('Model "sleep"') for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        management = next(line.split()[-1] for line in lines if line.startswith("Management API bound to"))
+        serving = [w["pid"] for w in call("GET", f"{management}/models/sleep").json()[0]["workers"]]
+        assert len(serving) == 2 and not any(line.startswith("Model server started.") for line in lines)
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        for pid in serving:
+            os.kill(pid, signal.SIGKILL)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the server did not stop within 30 s of SIGTERM") from None
+        reader.join(10)
+        output = "".join(lines)
+        assert proc.returncode == 0 and "Model server stopped." in output, output[-3000:]
+        assert "stopping while its models load" in output and "Model server started." not in output, output[-3000:]
+        _, alive = psutil.wait_procs(descendants, timeout=10)
+        assert not alive, f"left running: {alive}"
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -167,16 +167,41 @@ class ApiServer:
             tasks = self.bind()
             startup_log.debug("start-up: HTTP APIs bound %.0f ms", CLOCK.lap_ms())
             # the start-up models' workers start while the gRPC stack is imported and bound (on two cores, in parallel)
-            await self.load_startup_models(alongside=self.bind_grpc())
-            startup_log.debug(
-                "start-up: gRPC bound and models loaded %.0f ms; ready %.0f ms after exec",
-                CLOCK.lap_ms(),
-                CLOCK.since_exec_ms(),
-            )
-            await self._stop.wait()
+            if await self._unless_stopped(self.load_startup_models(alongside=self.bind_grpc())):
+                startup_log.debug(
+                    "start-up: gRPC bound and models loaded %.0f ms; ready %.0f ms after exec",
+                    CLOCK.lap_ms(),
+                    CLOCK.since_exec_ms(),
+                )
+                await self._stop.wait()
         finally:
             await self.shutdown(tasks)
         return 0
+
+    async def _unless_stopped(self, work: Awaitable[None]) -> bool:
+        """Run ``work`` unless a signal asks the server to stop first: a pod deleted while its models load stops
+        within its grace period, not after the loads (which the shutdown then undoes). False if it was stopped."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if task.done():
+            task.result()
+            return True
+        say("Model server stopping while its models load")
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # the shutdown goes on: the backend stops what the loads started
+            log.exception("start-up models failed as they were cancelled")
+        return False
 
     def bind(self) -> list[asyncio.Task[Any]]:
         config, backend = self.config, self.backend

@@ -285,8 +285,10 @@ class WorkerPool:
                 raise
             slot.exit_cancel = False
             task = asyncio.current_task()
-            if task is not None and hasattr(task, "uncancel"):
-                task.uncancel()  # this cancellation is handled: the slot goes on (to restart its worker)
+            # This cancellation is handled: the slot goes on (to restart its worker), unless someone else cancelled
+            # the slot in the same instant (a shutdown): that one is not swallowed.
+            if task is not None and task.uncancel() > 0:
+                raise
             return None
         finally:
             slot.waiting = False
