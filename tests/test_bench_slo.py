@@ -126,6 +126,9 @@ def test_a_process_burning_a_core_is_interference() -> None:
         burner.kill()
         burner.wait()
     assert usage is not None and usage.others_cores >= 0.3 and usage.contended, usage
+    # Interrupts are on their own, not in others: every busy core-second is one of the four, once.
+    parts = usage.others_cores + usage.client_cores + usage.irq_cores
+    assert usage.irq_cores >= 0.0 and usage.busy_cores == pytest.approx(parts, abs=0.01), usage
     # Counted as the server's when named as such: it is then no longer interference from others.
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -98,6 +98,7 @@ def csv_row(result: BenchResult) -> dict[str, Any]:
         "Per-second deviation": _r(result.fidelity.second_deviation, 5) if result.fidelity else "",
         "Other CPU cores": _r(result.host.others_cores) if result.host else "",
         "Steal cores": _r(result.host.steal_cores) if result.host else "",
+        "Interrupt cores": _r(result.host.irq_cores) if result.host else "",
         "Contended": ("yes" if result.contended else "no") if result.host else "",
         "Late sends": result.late_sends,
         "Unreliable": "; ".join(result.reasons),
