@@ -94,6 +94,55 @@ def test_the_best_is_compared_with_its_simpler_neighbours_unless_they_were_measu
     assert final.choose_finalists(s, unmeasured, space) == [best, half, near, fewer]  # both, least simple first
 
 
+def test_when_the_rounds_best_is_not_the_searchs_its_simpler_neighbours_are_compared_in_a_second_set() -> None:
+    """The search's best is 3 x 4; the rounds put 2 x 4 ahead of it. 2 x 4's simpler neighbours were never
+    compared with it (1 x 4 was measured far behind: out; 2 x 2 never measured): 2 x 4 and 2 x 2 get a second set of
+    interleaved rounds, and 2 x 2, indistinguishable from 2 x 4 on them, is chosen."""
+    from servetune.tune.analysis import analyse
+
+    s = study(family(workers=(1, 2, 3), batch=(1, 2, 4, 8), delays=(25,)), p99_ms=300)
+    space = [Config("eager/cpu", w, b, 25) for w in (1, 2, 3) for b in (1, 2, 4, 8)]
+    top, ahead, narrow, fewer, near = (Config("eager/cpu", 3, 4, 25), Config("eager/cpu", 2, 4, 25),
+                                       Config("eager/cpu", 3, 2, 25), Config("eager/cpu", 1, 4, 25),
+                                       Config("eager/cpu", 2, 2, 25))  # fmt: skip
+    searched = ((top, 100.0), (ahead, 95.0), (narrow, 60.0), (fewer, 40.0))
+    trials = [Trial(i, config, 0, "ok", result(rps, 150.0)) for i, (config, rps) in enumerate(searched)]
+    first = final.choose_finalists(s, trials, space)
+    assert first == [top, ahead]
+
+    def measure(configs: list[Config], phase: str, figures: dict[Config, list[float]]) -> list[Config]:
+        order = []
+        for proposal in final.plan(s, configs, trials, phase=phase):
+            order.append(proposal.config)
+            rps = figures[proposal.config][sum(t.config == proposal.config and t.phase == phase for t in trials)]
+            trials.append(Trial(len(trials), proposal.config, proposal.repeat, "ok", result(rps, 150.0), phase=phase))
+            if phase == final.PHASE and len(order) == 1:  # first rounds under way: no second set yet
+                assert final.second_finalists(s, trials, first, space) == []
+        return order
+
+    measure(first, final.PHASE, {top: [90.0, 92.0, 91.0], ahead: [100.0, 101.0, 99.0]})
+    second = final.second_finalists(s, trials, first, space)
+    assert second == [ahead, near]  # 1 x 4, measured at 40% of 2 x 4 in the search, is ruled out
+    assert measure(second, final.SECOND, {ahead: [100.0, 97.0, 102.0], near: [98.0, 99.0, 100.0]}) == [
+        ahead, near, ahead, near, ahead, near]  # fmt: skip
+    assert final.all_finalists(s, trials, space) == [top, ahead, near]
+    verdict = final.compare(s, trials, final.all_finalists(s, trials, space))
+    assert verdict is not None and verdict.best == ahead and verdict.chosen == near
+    by_other = {c.other: c for c in verdict.comparisons}
+    assert by_other[top].rounds == 3 and by_other[near].rounds == 3
+    # 2 x 4 against 2 x 2: the second set's rounds paired with each other, not with the first set's
+    assert by_other[near].ratio == pytest.approx((100 / 98 * 97 / 99 * 102 / 100) ** (1 / 3))
+    assert by_other[top].ratio == pytest.approx((100 / 90 * 101 / 92 * 99 / 91) ** (1 / 3))
+    analysis = analyse(s, trials)
+    assert analysis.winner is not None and analysis.winner.config == near
+    assert list(final.plan(s, second, trials, phase=final.SECOND)) == []  # a resumed study measures none again
+    # when the rounds agree with the search, no second set
+    agreeing = [t for t in trials if t.phase != final.SECOND]
+    agreeing = [t if t.config != top or t.phase != final.PHASE else replace(t, result=result(120.0, 150.0))
+                for t in agreeing]  # fmt: skip
+    assert final.second_finalists(s, agreeing, first, space) == []
+
+
 def test_a_clear_difference_is_named_with_its_interval() -> None:
     s = study(family(workers=(1, 2), batch=(1, 2), delays=(10,)), p99_ms=300)
     verdict = final.compare(s, rounds([100.0, 102.0, 101.0], [80.0, 81.0, 79.0]), [A, B])

@@ -39,7 +39,7 @@ def analyse(study: Study, trials: list[Trial]) -> Analysis:
     passed = [s for s in summaries if s.verdict.passed]
     measured = [s for s in summaries if s.figures is not None]
     winner = passed[0] if passed else None
-    verdict = final.compare(study, trials, final.choose_finalists(study, trials, [s.config for s in summaries]))
+    verdict = final.compare(study, trials, final.all_finalists(study, trials, [s.config for s in summaries]))
     if verdict is not None and verdict.chosen is not None:
         chosen = next((s for s in passed if s.config == verdict.chosen), None)
         winner = chosen or winner

@@ -16,8 +16,12 @@ than that drift are ranked by chance. So, once the search is over:
    ``count``: a config is named only once it beat, on interleaved rounds, each config one step simpler that could
    still be as good.
 2. **Interleaved rounds**: each finalist is measured ``rounds`` more times (default 3), in turn: A, B, A, B, ...
-   so that drift in the machine hits all of them alike.
-3. **Pairwise comparison**: round by round, the objective of the best finalist over each other one; the mean of
+   so that drift in the machine hits all of them alike. When the rounds' best is not the search's best, its own
+   simpler neighbours were never compared with it: a **second set** of rounds measures it again with them, in
+   turns (a resnet18 run's search named 3 x 4, the rounds found 2 x 4 ahead, and 2 x 2, which every other run
+   found indistinguishable from 2 x 4, was never measured against it).
+3. **Pairwise comparison**: round by round (each round of the other paired with the best's nearest in time, so
+   that a second set's rounds pair with each other), the objective of the best finalist over each other one; the mean of
    the log-ratios with Student's t at 95% gives the interval: "2 workers x batch 1 beats 1 worker x batch 2 by 14%
    (95% CI 9-19%)". An interval that holds 1 says the two are **indistinguishable at this noise level**: of those
    within 10% of the best on the rounds' mean, the simplest is chosen (fewest workers, then the smallest batch,
@@ -43,6 +47,8 @@ from servetune.tune.trial import Summary, Trial, average, judge, summarise_all
 BAND = 0.9  # finalists: within 10% of the best objective
 NEIGHBOUR_BAND = 0.75  # the best's simpler neighbours: unless measured more than 25% behind
 PHASE = "finalist"
+SECOND = "finalist-2"  # the second set of rounds: the first rounds' best and its simpler neighbours
+FINAL_PHASES = (PHASE, SECOND)
 
 
 def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[Point] | None = None) -> list[Point]:
@@ -51,7 +57,7 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
     count = study.strategy.finalists
     if count < 2:
         return []
-    searched = [t for t in trials if t.phase != PHASE]
+    searched = [t for t in trials if t.phase not in FINAL_PHASES]
     passed = [s for s in summarise_all(searched, study) if s.verdict.passed]
     if in_space is not None:
         passed = [s for s in passed if s.config in in_space]
@@ -65,6 +71,32 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
     allowed = set(in_space if in_space is not None else measured)
     chosen += [p for p in simpler_neighbours(study, best.config, measured) if p in allowed and p not in chosen]
     return chosen
+
+
+def second_finalists(
+    study: Study, trials: Sequence[Trial], first: Sequence[Point], in_space: Sequence[Point] | None = None
+) -> list[Point]:
+    """Once the first set's rounds are all measured: when their best is not the search's best (``first[0]``), that
+    config and its simpler neighbours that are not finalists yet (``[best, *neighbours]``, to measure in a second
+    set of interleaved rounds); [] otherwise."""
+    rounds = study.strategy.rounds
+    if len(first) < 2 or any(sum(t.config == c and t.phase == PHASE for t in trials) < rounds for c in first):
+        return []
+    verdict = compare(study, [t for t in trials if t.phase != SECOND], first)
+    if verdict is None or verdict.best is None or verdict.best == first[0]:
+        return []
+    measured = {s.config: s for s in summarise_all([t for t in trials if t.phase not in FINAL_PHASES], study)}
+    if verdict.best not in measured:
+        return []
+    allowed = set(in_space if in_space is not None else measured)
+    extra = [p for p in simpler_neighbours(study, verdict.best, measured) if p in allowed and p not in first]
+    return [verdict.best, *extra] if extra else []
+
+
+def all_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[Point] | None = None) -> list[Point]:
+    """Every config compared before the winner is named: the first set, then the second set's new ones."""
+    first = choose_finalists(study, trials, in_space)
+    return first + [p for p in second_finalists(study, trials, first, in_space) if p not in first]
 
 
 def simpler_neighbours(study: Study, best: Point, measured: Mapping[Point, Summary]) -> list[Point]:
@@ -89,16 +121,20 @@ def _ruled_out(summary: Summary, floor: float) -> bool:
     return not summary.verdict.passed or summary.verdict.objective < floor
 
 
-def plan(study: Study, finalists: Sequence[Point], trials: list[Trial]) -> Generator[Proposal, None, None]:
-    """The interleaved rounds (A, B, A, B, ...); ``trials`` is read after each yield for the repeat numbers."""
+def plan(
+    study: Study, finalists: Sequence[Point], trials: list[Trial], phase: str = PHASE
+) -> Generator[Proposal, None, None]:
+    """The interleaved rounds (A, B, A, B, ...) of one set (``phase``); ``trials`` is read after each yield for the
+    repeat numbers."""
     rounds = study.strategy.rounds
+    label = "finalist round" if phase == PHASE else "second finalist round"
     for r in range(rounds):
         for config in finalists:
-            done = sum(1 for t in trials if t.config == config and t.phase == PHASE)
+            done = sum(1 for t in trials if t.config == config and t.phase == phase)
             if done > r:
                 continue  # measured already (a resumed study)
             repeat = sum(1 for t in trials if t.config == config)
-            yield Proposal(config, repeat, f"finalist round {r + 1} of {rounds}", phase=PHASE)
+            yield Proposal(config, repeat, f"{label} {r + 1} of {rounds}", phase=phase)
 
 
 def simplicity(point: Point) -> tuple[int, ...]:
@@ -147,6 +183,7 @@ class Verdict:
     comparisons: tuple[Comparison, ...]
     chosen: Point | None
     reason: str
+    best: Point | None = None  # the best on the rounds (``chosen`` unless a simpler one ties with it)
 
 
 def objective_of(study: Study, trial: Trial) -> float | None:
@@ -160,7 +197,7 @@ def objective_of(study: Study, trial: Trial) -> float | None:
 
 def compare(study: Study, trials: Sequence[Trial], finalists: Sequence[Point]) -> Verdict | None:
     """The verdict of the finalists' rounds (None before any round was measured)."""
-    rounds = {c: [t for t in trials if t.config == c and t.phase == PHASE] for c in finalists}
+    rounds = {c: [t for t in trials if t.config == c and t.phase in FINAL_PHASES] for c in finalists}
     if sum(len(r) for r in rounds.values()) == 0:
         return None
     summaries: dict[Point, Summary] = {}
@@ -179,7 +216,7 @@ def compare(study: Study, trials: Sequence[Trial], finalists: Sequence[Point]) -
             continue
         pairs = [
             (a, b)
-            for ta, tb in zip(rounds[best], rounds[other], strict=False)
+            for ta, tb in _paired(rounds[best], rounds[other])
             if (a := objective_of(study, ta)) and (b := objective_of(study, tb))
         ]
         logs = [math.log(a / b) for a, b in pairs]
@@ -200,7 +237,20 @@ def compare(study: Study, trials: Sequence[Trial], finalists: Sequence[Point]) -
             )
     else:
         reason = "indistinguishable at this noise level from the best finalist: the simpler (cheaper) one is chosen"
-    return Verdict(tuple(finalists), tuple(comparisons), chosen, reason)
+    return Verdict(tuple(finalists), tuple(comparisons), chosen, reason, best)
+
+
+def _paired(best: Sequence[Trial], other: Sequence[Trial]) -> list[tuple[Trial, Trial]]:
+    """Each round of ``other`` with the round of ``best`` measured nearest it (each used once): the rounds were
+    interleaved, so the pairs share the machine's state; a second set's rounds pair with each other."""
+    free, pairs = list(best), []
+    for trial in sorted(other, key=lambda t: t.index):
+        if not free:
+            break
+        nearest = min(free, key=lambda t: (abs(t.index - trial.index), t.index))
+        free.remove(nearest)
+        pairs.append((nearest, trial))
+    return pairs
 
 
 def sentence(comparison: Comparison, describe: Callable[[Point], str]) -> str:

@@ -175,6 +175,21 @@ class _Run:
         for proposal in final.plan(self.study, chosen, self.trials):
             if not self._take(proposal, previous):
                 return
+        second = final.second_finalists(self.study, self.trials, chosen, list(self.space.configs()))
+        if second and not self._room_for(len(second) * self.study.strategy.rounds):
+            self.notes.append(
+                f"the rounds' best, {second[0].key}, was not the search's; comparing it with its simpler neighbours "
+                "would exceed the budget: not done"
+            )
+        elif second:
+            self.bar.line(
+                f"the rounds' best, {second[0].key}, was not the search's: measured again with its simpler "
+                f"neighbours {', '.join(c.key for c in second[1:])}, interleaved, "
+                f"{self.study.strategy.rounds} rounds each",
+            )
+            for proposal in final.plan(self.study, second, self.trials, phase=final.SECOND):
+                if not self._take(proposal, previous):
+                    return
 
     def _take(self, proposal: Proposal, previous: dict[tuple[str, int], Trial]) -> bool:
         key = (proposal.config.key, proposal.repeat)
@@ -196,6 +211,16 @@ class _Run:
         self.strategy.observe(trial)
         self.bar.update(len(self.trials), self.strategy.remaining(), self._best(),
                         wall_s=trial.wall_s if key not in previous else None)  # fmt: skip
+        return True
+
+    def _room_for(self, trials: int) -> bool:
+        """Whether the budget leaves room for this many more trials (at the mean trial's wall time so far)."""
+        budget = self.study.budget
+        if budget.trials is not None and len(self.trials) + trials > budget.trials:
+            return False
+        if budget.seconds is not None:
+            expected = sum(self._walls) / len(self._walls) if self._walls else 0.0
+            return time.monotonic() - self.started + expected * trials <= budget.seconds
         return True
 
     def _over_budget(self) -> str | None:
