@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -175,3 +176,39 @@ def test_driver_stops_cleanly_and_removes_the_replicas(server: EmbeddedServer) -
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_a_proxy_slow_to_become_ready_is_waited_for(tmp_path: Path) -> None:
+    """Ray Serve kills a proxy that misses three ready checks (5 s each by default) and starts another. On a busy
+    host (a CI run) a first proxy was not ready after 15 s: killed while ``serve_start`` waited for it, it failed the
+    server's start (every [ray] API test). A local instance the server starts now checks every 30 s, and a proxy
+    killed during the start is waited out. Here the checks are shortened and each proxy is slow, so that the first
+    two are killed (the controller's log says so): the server starts and answers. (Whether ``serve_start`` was
+    waiting for the first proxy when it died is Ray's timing: this test does not fail on the code before.)"""
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=1)
+    running = EmbeddedServer(
+        store,
+        {"sleep": "sleep.mar"},
+        {"disable_token_authorization": "true", "default_workers_per_model": "1"},
+        backend="ray",
+        ray_address="local",
+        ray_num_cpus=2,
+        workdir=tmp_path / "driver",
+        startup_timeout=START_TIMEOUT_S,
+    )
+    # Ready checks of 0.5 s (then 1, 1.5 s: Serve waits longer for each new proxy), three missed kill a proxy; each
+    # proxy takes 2.5 s more to start (its callback): the first two are killed, the third becomes ready.
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    running.env.update({"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "0.5", "SLOW_PROXY_S": "2.5", "PYTHONPATH": path,
+                        "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "slow_proxy:middlewares"})  # fmt: skip
+    try:
+        running.start()
+        status, _, body = _post(f"{running.inference_url}/predictions/sleep")
+        assert status == 200 and json.loads(body)["echo"] == "hello", body
+        # the premise: proxies were killed as the server started (the instance's own log; Ray tests run one at a time)
+        logs = Path(tempfile.gettempdir(), "ray", "session_latest", "logs", "serve").glob("controller_*.log")
+        killed = sum(log.read_text().count("Shutting down the unhealthy proxy") for log in logs)
+        assert killed >= 1, "no proxy was killed: the test did not test what it says"
+    finally:
+        running.stop()

@@ -25,6 +25,11 @@ from servetune.ray.plan import deployment_name
 log = logging.getLogger("servetune.ray")
 
 POLL_S = 0.25
+# Ray Serve kills a proxy that is not ready within 5 s of its start (then starts another with a longer wait); on a
+# busy 2-core host a first proxy took longer, and Serve's start failed on its death. A new local instance waits
+# this long instead, and a proxy's death during the start is waited out (``PROXY_READY_S``) rather than fatal.
+PROXY_READY_CHECK_ENV, PROXY_READY_CHECK_S = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30"
+PROXY_READY_S = 180.0
 # CPUs a private local instance (``--ray-address local``) advertises; default: this machine's
 LOCAL_CPUS_ENV = RAY_NUM_CPUS_ENV
 
@@ -65,15 +70,37 @@ class RayCluster:
 
         if not ray.is_initialized():
             os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK_PATH)
+            os.environ.setdefault(PROXY_READY_CHECK_ENV, PROXY_READY_CHECK_S)
             kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
             if self.address == "local":  # a new instance inside this process: small, no dashboard
                 kwargs["include_dashboard"] = False
                 if os.environ.get(LOCAL_CPUS_ENV):  # the tuner's: room for its widest config, as native runs it
                     kwargs["num_cpus"] = int(os.environ[LOCAL_CPUS_ENV])
             ray.init(address=self.address, **kwargs)
-        self._client = serve_start(
-            http_options={"host": self.host, "port": self.port}, proxy_location=self.proxy_location
-        )
+        http, location = {"host": self.host, "port": self.port}, self.proxy_location
+        try:
+            self._client = serve_start(http_options=http, proxy_location=location)
+        except ray.exceptions.ActorDiedError as exc:
+            if "ProxyActor" not in str(exc):
+                raise
+            # Serve's controller killed a proxy that was slow to start, and starts another: wait for it
+            log.warning("Ray Serve's proxy was not ready in time and is being restarted; waiting for it")
+            self._client = serve_start(http_options=http, proxy_location=location)  # returns at once: it runs
+            self.wait_proxies(PROXY_READY_S)
+
+    def wait_proxies(self, timeout_s: float) -> None:
+        """Wait until every proxy Serve runs is healthy (and there is one); TimeoutError after ``timeout_s``."""
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        proxies: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            proxies = serve.status().proxies
+            if proxies and all(state_name(status) == "HEALTHY" for status in proxies.values()):
+                return
+            time.sleep(POLL_S)
+        states = ", ".join(state_name(status) for status in proxies.values()) or "none"
+        raise TimeoutError(f"Ray Serve's proxies were not ready after {timeout_s:g} s (their states: {states})")
 
     def deploy(self, config: dict[str, Any]) -> None:
         """Apply a whole Serve config: applications not in it are deleted, unchanged ones are left alone."""
