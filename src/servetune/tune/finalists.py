@@ -57,8 +57,8 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
     count = study.strategy.finalists
     if count < 2:
         return []
-    searched = [t for t in trials if t.phase not in FINAL_PHASES]
-    passed = [s for s in summarise_all(searched, study) if s.verdict.passed]
+    summaries = summarise_all(_searched(trials), study)
+    passed = [s for s in summaries if s.verdict.passed]
     if in_space is not None:
         passed = [s for s in passed if s.config in in_space]
     if len(passed) < 2:
@@ -67,10 +67,15 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
     near = [s for s in passed[1:] if s.verdict.objective >= floor]
     near.sort(key=lambda s: (simplicity(s.config), -s.verdict.objective))
     chosen = [best.config, *(s.config for s in near[: count - 1])]
-    measured = {s.config: s for s in summarise_all(searched, study)}
+    measured = {s.config: s for s in summaries}
     allowed = set(in_space if in_space is not None else measured)
     chosen += [p for p in simpler_neighbours(study, best.config, measured) if p in allowed and p not in chosen]
     return chosen
+
+
+def _searched(trials: Sequence[Trial]) -> list[Trial]:
+    """The search's own trials: the finalists' rounds left out."""
+    return [t for t in trials if t.phase not in FINAL_PHASES]
 
 
 def second_finalists(
@@ -85,7 +90,7 @@ def second_finalists(
     verdict = compare(study, [t for t in trials if t.phase != SECOND], first)
     if verdict is None or verdict.best is None or verdict.best == first[0]:
         return []
-    measured = {s.config: s for s in summarise_all([t for t in trials if t.phase not in FINAL_PHASES], study)}
+    measured = {s.config: s for s in summarise_all(_searched(trials), study)}
     if verdict.best not in measured:
         return []
     allowed = set(in_space if in_space is not None else measured)

@@ -213,15 +213,17 @@ class _Run:
                         wall_s=trial.wall_s if key not in previous else None)  # fmt: skip
         return True
 
-    def _room_for(self, trials: int) -> bool:
-        """Whether the budget leaves room for this many more trials (at the mean trial's wall time so far)."""
+    def _short_of(self, trials: int) -> tuple[bool, bool]:
+        """Whether this many more trials would pass the trial budget, and the time budget (at the mean trial's wall
+        time so far)."""
         budget = self.study.budget
-        if budget.trials is not None and len(self.trials) + trials > budget.trials:
-            return False
-        if budget.seconds is not None:
-            expected = sum(self._walls) / len(self._walls) if self._walls else 0.0
-            return time.monotonic() - self.started + expected * trials <= budget.seconds
-        return True
+        count = budget.trials is not None and len(self.trials) + trials > budget.trials
+        expected = sum(self._walls) / len(self._walls) if self._walls else 0.0
+        seconds = budget.seconds is not None and time.monotonic() - self.started + expected * trials > budget.seconds
+        return count, seconds
+
+    def _room_for(self, trials: int) -> bool:
+        return not any(self._short_of(trials))
 
     def _over_budget(self) -> str | None:
         """Why no other trial may start, if one may not. The search leaves room in the budget for the finalists'
@@ -233,18 +235,16 @@ class _Run:
             # only while there are finalists to compare: two configs or more within reach of the best
             finalists = final.choose_finalists(self.study, self.trials, list(self.space.configs()))
             reserve = len(finalists) * strategy.rounds if len(finalists) >= 2 else 0
-        if budget.trials is not None:
-            if len(self.trials) >= budget.trials:
-                return f"the trial budget ({budget.trials}) is used up"
-            if len(self.trials) + reserve >= budget.trials:
-                return f"{RESERVED} ({reserve} of the trial budget, {budget.trials})"
-        if budget.seconds is not None:
-            elapsed = time.monotonic() - self.started
+        (count, seconds), (count_reserved, seconds_reserved) = self._short_of(1), self._short_of(1 + reserve)
+        if count:
+            return f"the trial budget ({budget.trials}) is used up"
+        if count_reserved:
+            return f"{RESERVED} ({reserve} of the trial budget, {budget.trials})"
+        if seconds:
+            return f"the time budget ({budget.describe()}) would be exceeded by another trial"
+        if seconds_reserved:
             expected = sum(self._walls) / len(self._walls) if self._walls else 0.0
-            if elapsed + expected > budget.seconds:
-                return f"the time budget ({budget.describe()}) would be exceeded by another trial"
-            if elapsed + expected * (1 + reserve) > budget.seconds:
-                return f"{RESERVED} (about {expected * reserve / 60:.1f} min of the time budget)"
+            return f"{RESERVED} (about {expected * reserve / 60:.1f} min of the time budget)"
         return None
 
     def _best(self) -> str:
