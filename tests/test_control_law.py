@@ -50,6 +50,16 @@ def test_decide_by_hand(rate: float, workers: tuple[int, int], expected: Knobs, 
     assert result.worst_ms <= 198.0
 
 
+def test_each_worker_count_is_judged_at_its_own_cap() -> None:
+    # a = 25, b = 2.5, SLA 100 ms, margin 10 (budget 88): one worker waits for a whole batch, 2 (25 + 2.5n) <= 88 ->
+    # 7, 7 / 42.5 ms = 165 req/s; two wait for half of one, 1.5 (25 + 2.5n) <= 88 -> 13, 13 / 57.5 ms = 226 req/s
+    # each. At 291 req/s, 2 x 226 x 0.8 = 362 holds it: 2 workers at 13 (sized at one worker's cap, 291 / (0.8 x
+    # 165) = 2.2, it took 3, each batching less, and a worker started for a peak of a second or two)
+    result = decide(Cost(25.0, 2.5), 291.0, 100.0, 10.0, (1, 32), (0, 50), (1, 4))
+    assert result.knobs == Knobs(13, 0.0, 2)
+    assert decide(Cost(25.0, 2.5), 370.0, 100.0, 10.0, (1, 32), (0, 50), (1, 4)).knobs.workers == 3  # 362 < 370
+
+
 def test_decide_keeps_the_delay_at_its_lower_bound_and_the_cap_within_what_it_leaves() -> None:
     result = decide(COST, 100.0, 200.0, 0.0, (1, 32), (20, 100), (1, 1))
     assert result.knobs == Knobs(13, 20.0, 1)  # 20 + 2 (20 + 5n) <= 198 -> n <= 13.8

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from servetune._exceptions import ApiError
-from servetune.control import BatchSeen, Controller, Knobs, View, make_policy, parse_settings
+from servetune.control import BatchSeen, Controller, Knobs, View, decisions, make_policy, parse_settings
 from servetune.control.controller import MIN_SHED_BATCHES, HeldKnobs
 from servetune.control.decisions import DecisionLog
 from servetune.control.estimate import ServiceFit
@@ -82,6 +82,26 @@ def test_lsq_sheds_and_holds_batches_for_their_deadline() -> None:
     assert policy.shed and policy.deadline_dispatch
     decision = policy.decide(view(raw, Knobs(4, 0.0, 2)))
     assert decision is not None and decision.knobs == Knobs(16, 40.0, 2)
+
+
+def test_the_decision_log_writes_at_flush_and_bounds_what_waits(tmp_path: Path, monkeypatch) -> None:
+    """A batch's line waits for the tick's flush (off the request path), in order with the knob changes; with no
+    tick (a loop held up) at most PENDING_MAX records wait before they are written."""
+    monkeypatch.setattr(decisions, "PENDING_MAX", 10)
+    path = tmp_path / "d.jsonl"
+    log = DecisionLog(str(path))
+    log.batch(0.1, "w0", "full", 2, 0.5, 1.0, 1.5)
+    log.change({"kind": "knobs", "i": 0})
+    log.batch(0.2, "w0", "delay", 1, 0.5, None, 1.5)
+    assert path.read_text() == ""
+    log.flush()
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds == ["batch", "knobs", "batch"]
+    for i in range(25):
+        log.batch(1.0 + i, "w0", "full", i, 0.5, 1.0, 1.5)
+    assert len(path.read_text().splitlines()) == 3 + 20  # two bounded writes; 5 still wait
+    log.close()
+    assert len(path.read_text().splitlines()) == 3 + 25
 
 
 def test_the_decision_log_rotates_and_keeps_the_recent_changes(tmp_path: Path) -> None:

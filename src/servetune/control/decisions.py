@@ -1,8 +1,9 @@
 """The decision log: one JSON object a line for every batch dispatched (why it went, its size, its oldest request's
 wait, predicted and actual time) and every knob change (old, new, and the prediction behind it), in a file rotated
 at ``max_bytes`` (``decisions.jsonl`` → ``decisions.jsonl.1`` → ...), and the last knob changes kept in memory for
-describe. Lines are buffered and flushed at every controller tick, so a batch costs a line formatted (a knob change
-a ``json.dumps``), not a write.
+describe. A batch's figures are kept as they are and its line is formatted and written with the others at the
+controller's next tick (every 0.1 s), so a batch costs a tuple appended (0.2 µs, where a line formatted and written
+cost 2.5 µs: the batch of one is the hot path); a knob change costs a ``json.dumps``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import IO, Any
 
 log = logging.getLogger("servetune.control")
 
+PENDING_MAX = 10_000  # records held between ticks at most
+
 
 class DecisionLog:
     def __init__(self, path: str | None, max_bytes: int = 10 * 2**20, keep: int = 3, recent: int = 20) -> None:
@@ -26,6 +29,7 @@ class DecisionLog:
         self._file: IO[str] | None = None
         self._size = 0
         self._quoted: dict[str, str] = {}  # worker id -> its JSON string
+        self._pending: list[tuple[Any, ...]] = []  # batches and changes not yet written, in order
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open for the model's life)
@@ -41,36 +45,60 @@ class DecisionLog:
         predicted_ms: float | None,
         actual_ms: float,
     ) -> None:
-        """One dispatched batch's line (formatted directly: a batch is the log's hot path, a ``json.dumps`` of a dict
-        cost ~5 µs of it). ``t`` is seconds since the controller started."""
+        """One dispatched batch's line, written at the next :meth:`flush`. ``t`` is seconds since the controller
+        started."""
         if self._file is None:
             return
-        quoted = self._quoted.get(worker)
-        if quoted is None:
-            quoted = self._quoted[worker] = json.dumps(worker)
-        predicted = "null" if predicted_ms is None else f"{predicted_ms:.3f}"
-        self._write_line(
-            f'{{"t":{t:.4f},"kind":"batch","worker":{quoted},"reason":"{reason}","size":{size},'
-            f'"oldest_queue_ms":{oldest_queue_ms:.3f},"predicted_ms":{predicted},"actual_ms":{actual_ms:.3f}}}\n'
-        )
+        self._pending.append((t, worker, reason, size, oldest_queue_ms, predicted_ms, actual_ms))
+        if len(self._pending) >= PENDING_MAX:  # ticks late (a loop held up): bound what waits in memory
+            self.flush()
 
     def change(self, record: dict[str, Any]) -> None:
         self.recent.append(record)
         if self._file is not None:
-            self._write_line(json.dumps(record, separators=(",", ":")) + "\n")
+            self._pending.append((json.dumps(record, separators=(",", ":")),))
 
-    def _write_line(self, line: str) -> None:
+    def _lines(self, pending: list[tuple[Any, ...]]) -> list[str]:
+        """The pending records as JSON lines (a batch's formatted directly: a ``json.dumps`` of a dict costs ~5 µs)."""
+        lines = []
+        quoted = self._quoted
+        for record in pending:
+            if len(record) == 1:
+                lines.append(record[0] + "\n")
+                continue
+            t, worker, reason, size, oldest_queue_ms, predicted_ms, actual_ms = record
+            name = quoted.get(worker)
+            if name is None:
+                name = quoted[worker] = json.dumps(worker)
+            predicted = "null" if predicted_ms is None else f"{predicted_ms:.3f}"
+            lines.append(
+                f'{{"t":{t:.4f},"kind":"batch","worker":{name},"reason":"{reason}","size":{size},'
+                f'"oldest_queue_ms":{oldest_queue_ms:.3f},"predicted_ms":{predicted},"actual_ms":{actual_ms:.3f}}}\n'
+            )
+        return lines
+
+    def flush(self) -> None:
+        """Write what is pending (rotating the file as it fills) and flush it."""
         if self._file is None:
+            self._pending.clear()
             return
+        pending, self._pending = self._pending, []
         try:
-            self._file.write(line)
+            lines = self._lines(pending)
+            text = "".join(lines)
+            if self._size + len(text) < self.max_bytes:  # the usual case: one write
+                self._file.write(text)
+                self._size += len(text)
+            else:
+                for line in lines:
+                    self._file.write(line)
+                    self._size += len(line)
+                    if self._size >= self.max_bytes:
+                        self._rotate()
+            self._file.flush()
         except OSError as exc:  # a full disk must not stop the model serving
             log.error("decision log %s: %s; no longer written", self.path, exc)
             self._close_quietly()
-            return
-        self._size += len(line)
-        if self._size >= self.max_bytes:
-            self._rotate()
 
     def _rotate(self) -> None:
         assert self.path is not None and self._file is not None
@@ -82,14 +110,6 @@ class DecisionLog:
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._size = 0
-
-    def flush(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.flush()
-            except OSError as exc:
-                log.error("decision log %s: %s; no longer written", self.path, exc)
-                self._close_quietly()
 
     def _close_quietly(self) -> None:
         file, self._file = self._file, None

@@ -5,8 +5,9 @@ worker, its threads), the arrival rate λ, the SLA's latency L and the knobs' bo
    worker busy with a full batch, wait for the first to free (under load greedy dispatch staggers the W workers'
    batches: within t(n)/W), wait out the batch delay d, then run in its own batch:
    ``d + (1 + 1/W)·t(n_cap) <= L - m`` (m: the predictions' error margin plus the frontend's slack).
-2. **Workers** W: the fewest within bounds whose capacity at n_cap keeps each worker busy at most ρ = 0.8 of the time:
-   ``W·n_cap / t(n_cap) >= λ / ρ`` (n_cap for the fewest workers first, then for the W chosen).
+2. **Workers** W: the fewest within bounds whose capacity at their cap keeps each worker busy at most ρ = 0.8 of the
+   time: ``W·n_cap(W) / t(n_cap(W)) >= λ / ρ``, each W at its own cap (more workers wait less for one to free, so
+   their cap is larger).
 3. **Delay** d: its lower bound. Waiting never shortens a request's latency, and with workers that do not share a
    resource it does not raise capacity either: while the workers are busy the queue forms the batch the load needs
    by itself (greedy dispatch settles where (λ/W)·t(n) = n), and the cap bounds it. What the load needs,
@@ -115,10 +116,14 @@ def decide(
     capped = cap_cost or cost
     budget = target_ms - margin_ms - SLACK_MS
     delay = float(delay_bounds[0])
-    # 2. workers: the fewest that carry the load under rho at the cap the fewest allow (then the cap for them)
-    n_cap = batch_cap(capped, budget, delay, batch_bounds, worker_bounds[0])
-    capacity = n_cap / cost.t(n_cap) * 1000.0  # requests per second per worker
-    workers = max(worker_bounds[0], min(worker_bounds[1], math.ceil(rate / (RHO * capacity) - 1e-9)))
+    # 2. workers: the fewest that carry the load under rho, each count at its own cap (more workers wait less for
+    # one to free, so each may take a larger batch); the bounds' most when none does
+    workers = worker_bounds[1]
+    for w in range(worker_bounds[0], worker_bounds[1] + 1):
+        n = batch_cap(capped, budget, delay, batch_bounds, w)
+        if w * n / cost.t(n) * 1000.0 * RHO >= rate - 1e-9:
+            workers = w
+            break
     n_cap = batch_cap(capped, budget, delay, batch_bounds, workers)
     # 3. the delay: its lower bound; the batch the load needs tells whether these knobs hold the load at all
     needed = batch_needed(cost, rate, workers)
