@@ -81,7 +81,7 @@ def command(
     from rich.console import Console
 
     from servetune.tune import Remote, load_study, override, tune
-    from servetune.tune.report import describe, finalist_lines, headline
+    from servetune.tune.report import describe, finalist_lines, headline, online_lines
     from servetune.tune.targets import prepare
 
     console = Console(stderr=True)
@@ -108,7 +108,7 @@ def command(
     result = tune(study, out, remote=remote, console=console)
     analysis = result.analysis
     click.echo(headline(analysis, result.study))
-    for line in finalist_lines(analysis, result.study):
+    for line in (*finalist_lines(analysis, result.study), *online_lines(analysis, result.study)):
         click.echo(line)
     if analysis.winner is not None and result.deployment is not None:
         click.echo(f"winner: {describe(analysis.winner.config, result.study)}")

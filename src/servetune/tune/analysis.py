@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servetune.tune import finalists as final
+from servetune.tune import online
 from servetune.tune.space import Space
 from servetune.tune.study import Study
 from servetune.tune.trial import Summary, Trial, summarise_all
@@ -19,6 +20,7 @@ class Analysis:
     pareto: list[Summary]  # throughput vs P99, lowest P99 first
     references: list[tuple[str, Summary]] = field(default_factory=list)  # the study's references, measured
     finalists: final.Verdict | None = None  # the finalists' interleaved rounds and what they decided
+    online: online.OnlineVerdict | None = None  # the winner against the online controller on the trace
 
     def top(self, n: int = 5) -> list[Summary]:
         passed = [s for s in self.summaries if s.verdict.passed]
@@ -48,7 +50,7 @@ def analyse(study: Study, trials: list[Trial]) -> Analysis:
     by_config = {s.config: s for s in every}
     references = [(label, by_config[config]) for label, config in study.references if config in by_config]
     front = pareto_front(measured + ([baseline] if baseline else []))
-    return Analysis(summaries, winner, closest, baseline, front, references, verdict)
+    return Analysis(summaries, winner, closest, baseline, front, references, verdict, online.compare(study, trials))
 
 
 def pareto_front(summaries: list[Summary]) -> list[Summary]:

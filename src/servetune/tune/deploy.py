@@ -77,9 +77,13 @@ def controller_section(sla: Sla, family: Family) -> dict[str, Any] | None:
     }
 
 
-def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: str | None = None) -> Deployment:
+def write_deployment(
+    study: Study, winner: Point, out_dir: Path, *, served_url: str | None = None, controller: bool = False
+) -> Deployment:
     """Write the artifacts (every model of an app in one server). ``served_url`` is set when tuning a running
-    server (``--url``): its archive stays where it is, and only the settings are written."""
+    server (``--url``): its archive stays where it is, and only the settings are written. ``controller``: the
+    online controller beat the static winner on the study's trace (``online.py``): it is switched on in the
+    deployed settings (the archive's model-config.yaml and model-config.yaml), and no separate file offers it."""
     folder = out_dir / "deploy"
     if folder.exists():
         shutil.rmtree(folder)
@@ -94,23 +98,24 @@ def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: 
     for name, part in zip(study.model_names, winner.parts, strict=True):
         family = study.family(part.family)
         settings = knobs(part)
+        sla = study.model_spec(name).sla if study.is_app else study.sla
+        section = controller_section(sla, family) if kind.online_controller else None
+        switched_on = {"controller": section} if section is not None and controller else {}
         if served_url is None:
             with tempfile.TemporaryDirectory(prefix="servetune-deploy-") as tmp:
                 source = open_archive(family.archive, Path(tmp) / "x")
                 base = trial_model_config(source.model_config, family, kind.model_config(family))
-                config: dict[str, Any] = {**base, **settings}
+                config: dict[str, Any] = {**base, **settings, **switched_on}
                 write_archive(source, store / name, config)
                 version = str(source.manifest.raw.get("model", {}).get("modelVersion") or "1.0")
             loads.append(f"{name}={name}")
         else:
-            config, version = dict(settings), "1.0"
+            config, version = {**settings, **switched_on}, "1.0"
             loads.append(f"{name}={served_url}")
         models[name] = {version: settings}
         configs[name] = folder / ("model-config.yaml" if not study.is_app else f"model-config.{name}.yaml")
         configs[name].write_text(yaml.safe_dump(config, sort_keys=False))
-        sla = study.model_spec(name).sla if study.is_app else study.sla
-        section = controller_section(sla, family) if kind.online_controller else None
-        if section is not None:
+        if section is not None and not switched_on:
             controlled = configs[name].with_name(configs[name].name.replace(".yaml", ".controller.yaml"))
             controlled.write_text(yaml.safe_dump({**config, "controller": section}, sort_keys=False))
             extra[controlled.name] = controlled
@@ -129,6 +134,8 @@ def write_deployment(study: Study, winner: Point, out_dir: Path, *, served_url: 
     lines = [deployed.command, *(f"# or, {alternative}" for alternative in deployed.alternatives)]
     if extra:
         lines.append(f"# for a load that moves: rebuild the archive with {', '.join(extra)} (the online controller)")
+    if controller:
+        lines.append("# the online controller is on: it beat the static winner on the study's trace (report.md)")
     (folder / "serve-command.txt").write_text("\n".join(lines) + "\n")
     files = {**deployed.files, **extra}
     return Deployment(folder, deployed.command, config_properties, model_config, deployed.alternatives, files, configs)

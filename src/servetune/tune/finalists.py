@@ -49,6 +49,7 @@ NEIGHBOUR_BAND = 0.75  # the best's simpler neighbours: unless measured more tha
 PHASE = "finalist"
 SECOND = "finalist-2"  # the second set of rounds: the first rounds' best and its simpler neighbours
 FINAL_PHASES = (PHASE, SECOND)
+CONTROLLER = "controller"  # after the winner: it against the online controller on the trace (``online.py``)
 
 
 def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[Point] | None = None) -> list[Point]:
@@ -74,8 +75,8 @@ def choose_finalists(study: Study, trials: Sequence[Trial], in_space: Sequence[P
 
 
 def _searched(trials: Sequence[Trial]) -> list[Trial]:
-    """The search's own trials: the finalists' rounds left out."""
-    return [t for t in trials if t.phase not in FINAL_PHASES]
+    """The search's own trials: the finalists' rounds (and the online controller's, which come after) left out."""
+    return [t for t in trials if t.phase not in (*FINAL_PHASES, CONTROLLER)]
 
 
 def second_finalists(
@@ -221,7 +222,7 @@ def compare(study: Study, trials: Sequence[Trial], finalists: Sequence[Point]) -
             continue
         pairs = [
             (a, b)
-            for ta, tb in _paired(rounds[best], rounds[other])
+            for ta, tb in paired(rounds[best], rounds[other])
             if (a := objective_of(study, ta)) and (b := objective_of(study, tb))
         ]
         logs = [math.log(a / b) for a, b in pairs]
@@ -245,7 +246,7 @@ def compare(study: Study, trials: Sequence[Trial], finalists: Sequence[Point]) -
     return Verdict(tuple(finalists), tuple(comparisons), chosen, reason, best)
 
 
-def _paired(best: Sequence[Trial], other: Sequence[Trial]) -> list[tuple[Trial, Trial]]:
+def paired(best: Sequence[Trial], other: Sequence[Trial]) -> list[tuple[Trial, Trial]]:
     """Each round of ``other`` with the round of ``best`` measured nearest it (each used once): the rounds were
     interleaved, so the pairs share the machine's state; a second set's rounds pair with each other."""
     free, pairs = list(best), []

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from servetune.tune.study import Study
 
 FINGERPRINT_VERSION = 1
-UNMEASURED = ("budget", "notes", "source", "backend_address", "references")  # references add trials, change none
+# references add trials and change none; extra_families are the tuner's own (the online controller's, ``online.py``)
+UNMEASURED = ("budget", "notes", "source", "backend_address", "references", "extra_families")
+UNMEASURED_STRATEGY = ("controller",)  # adds the online controller's rounds after the search, changes no trial
 # field -> default, for fields that came after version 1
 LATER_STUDY: dict[str, Any] = {
     "backend": "native", "options": {}, "models": (), "pipeline": (), "mix": (), "sla_scale": (),
@@ -43,6 +45,8 @@ def fingerprint(study: Study) -> str:
     for key in UNMEASURED:
         data.pop(key, None)
     _flatten(data, LATER_STUDY)
+    for key in UNMEASURED_STRATEGY:
+        data["strategy"].pop(key, None)
     _flatten(data["strategy"], LATER_STRATEGY)
     for model in data.get("models", ()):
         _flatten(model["baseline_family"], LATER_FAMILY)

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from servetune._exceptions import ConfigError
-from servetune.tune import targets
+from servetune.tune import online, targets
 from servetune.tune.forms import app as app_form
 from servetune.tune.forms import servetune as servetune_form
 from servetune.tune.forms import torchserve as torchserve_form
@@ -158,6 +158,8 @@ def validate(study: Study) -> None:
     for mode in ("capacity", "trace"):
         if any(f.load.mode == mode for f in study.families) and no_sla:
             raise ConfigError(f"load={mode} needs a latency SLA (sla.p99_ms, p95_ms or mean_ms, or --sla-p99)")
+    if study.strategy.controller and (why := online.unsupported(study)) is not None:
+        raise ConfigError(f"strategy.controller=true: {why}")
     if study.objective.kind == "cost":
         priced = dict(study.objective.prices)
         for family in study.families:

@@ -3,6 +3,7 @@ the checkpoint grows; then the report, the plots and the deploy artifacts."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from rich.console import Console
 
 from servetune._exceptions import ConfigError
 from servetune.tune import finalists as final
+from servetune.tune import online
 from servetune.tune.analysis import Analysis, analyse
 from servetune.tune.calibrate import Calibrator
 from servetune.tune.checkpoint import Checkpoint
@@ -26,7 +28,7 @@ from servetune.tune.targets import Target, prepare, target_kind
 from servetune.tune.targets.remote import RemoteTarget
 from servetune.tune.trial import Trial, judge
 
-RESERVED = "the rest of the budget is left for the finalists' interleaved rounds"
+RESERVED = "the rest of the budget is left for the interleaved rounds (finalists, online controller)"
 
 
 @dataclass
@@ -76,6 +78,9 @@ def tune(study: Study, out_dir: Path, *, remote: Remote | None = None, console: 
             notes.append(f"backend {study.backend}: --url tunes the running server as it is (none is started)")
         study, remote_notes = remote_target.adapt(study)
         notes += remote_notes
+        if study.strategy.controller:
+            notes.append("--url: the online controller is compared on a server the tuner starts, not a running one")
+            study = dataclasses.replace(study, strategy=dataclasses.replace(study.strategy, controller=False))
         target = remote_target
     else:
         study = prepare(study)
@@ -105,6 +110,7 @@ class _Run:
         self.measured = 0
         self.stopped: str | None = None
         self.final_phase = False  # measuring the finalists' rounds: nothing left to reserve budget for
+        self.online_phase = False  # measuring the winner against the online controller (``online.py``)
         self.started = time.monotonic()
         self._walls: list[float] = []
 
@@ -117,10 +123,13 @@ class _Run:
             self.notes.append(sentence)
         self.runner.measurer.schedule = calibrator.schedule()
         if study is not self.study:
-            self.study = study
-            self.runner.use(study)
+            self._use(study)
             self.space = Space(study)
             self.strategy = load_strategy(study.strategy.name)(self.space, study)
+
+    def _use(self, study: Study) -> None:
+        self.study = study
+        self.runner.use(study)
 
     def _say(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
@@ -132,6 +141,7 @@ class _Run:
             self.stopped = "interrupted"
             return
         previous = {t.key: t for t in self.checkpoint.load()}
+        self._use(online.restore(self.study, list(previous.values())))
         if self.checkpoint.note:
             self.notes.append(self.checkpoint.note)
             self.console.print(f"[yellow]note:[/] {self.checkpoint.note}", highlight=False)
@@ -149,11 +159,10 @@ class _Run:
                     following = self.strategy.propose()
                     while following is not None and self._take(following, previous):
                         following = self.strategy.propose()
-                    if self.stopped is None or self.stopped.startswith(RESERVED):
-                        if self.stopped is not None:
-                            self.notes.append(f"the search ended early: {self.stopped}")
-                            self.stopped = None
+                    if self._reserved_only("the search"):
                         self._finalists(previous)
+                        if self.study.strategy.controller and self._reserved_only("the finalists' rounds"):
+                            self._online(previous)
             except KeyboardInterrupt:
                 self.stopped = "interrupted"
         for note in self.runner.measurer.notes:
@@ -191,6 +200,34 @@ class _Run:
                 if not self._take(proposal, previous):
                     return
 
+    def _reserved_only(self, what: str) -> bool:
+        """Whether nothing stopped the run but the budget kept for the rounds that follow (then noted, and cleared)."""
+        if self.stopped is not None and self.stopped.startswith(RESERVED):
+            self.notes.append(f"{what} ended early: {self.stopped}")
+            self.stopped = None
+        return self.stopped is None
+
+    def _online(self, previous: dict[tuple[str, int], Trial]) -> None:
+        """The winner against the online controller on the study's trace, interleaved (``online.py``)."""
+        winner = analyse(self.study, self.trials).winner
+        if winner is None:
+            self.notes.append("no config met the SLA: the online controller was not compared with a winner")
+            return
+        found = online.controlled(self.study, winner.config.parts[0])
+        if found is None:
+            return
+        self._use(found[0])
+        static, controller = winner.config.parts[0], found[1]
+        rounds = self.study.strategy.rounds
+        self.online_phase = True
+        if not self._room_for(2 * rounds):
+            self.notes.append("comparing the winner with the online controller would exceed the budget: not done")
+            return
+        self.bar.line(f"the winner against the online controller on the trace: interleaved, {rounds} rounds each")
+        for proposal in online.plan(self.study, static, controller, self.trials):
+            if not self._take(proposal, previous):
+                return
+
     def _take(self, proposal: Proposal, previous: dict[tuple[str, int], Trial]) -> bool:
         key = (proposal.config.key, proposal.repeat)
         trial = previous.get(key)
@@ -208,7 +245,8 @@ class _Run:
             self.checkpoint.append(trial)
             self._print(trial)
         self.trials.append(trial)
-        self.strategy.observe(trial)
+        if trial.phase != online.PHASE:  # the search is over: the controller's family is not in its space
+            self.strategy.observe(trial)
         self.bar.update(len(self.trials), self.strategy.remaining(), self._best(),
                         wall_s=trial.wall_s if key not in previous else None)  # fmt: skip
         return True
@@ -230,11 +268,11 @@ class _Run:
         rounds (the winner is not named on one lucky run because the search used the time up)."""
         budget = self.study.budget
         strategy = self.study.strategy
-        reserve = 0
-        if not self.final_phase and strategy.finalists >= 2:
+        reserve = 2 * strategy.rounds if strategy.controller and not self.online_phase else 0
+        if not self.final_phase and not self.online_phase and strategy.finalists >= 2:
             # only while there are finalists to compare: two configs or more within reach of the best
             finalists = final.choose_finalists(self.study, self.trials, list(self.space.configs()))
-            reserve = len(finalists) * strategy.rounds if len(finalists) >= 2 else 0
+            reserve += len(finalists) * strategy.rounds if len(finalists) >= 2 else 0
         (count, seconds), (count_reserved, seconds_reserved) = self._short_of(1), self._short_of(1 + reserve)
         if count:
             return f"the trial budget ({budget.trials}) is used up"
@@ -276,7 +314,10 @@ def _finish(run: _Run, notes: list[str], *, served_url: str | None) -> TuneResul
     plots = write_plots(analysis, study, out_dir)
     deployment = None
     if analysis.winner is not None:
-        deployment = write_deployment(study, analysis.winner.config, out_dir, served_url=served_url)
+        use_controller = analysis.online is not None and analysis.online.use_controller
+        deployment = write_deployment(
+            study, analysis.winner.config, out_dir, served_url=served_url, controller=use_controller
+        )
     report = out_dir / "report.md"
     report.write_text(
         markdown(

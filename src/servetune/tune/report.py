@@ -153,6 +153,24 @@ def finalist_lines(analysis: Analysis, study: Study) -> list[str]:
     return lines
 
 
+def online_lines(analysis: Analysis, study: Study) -> list[str]:
+    """The winner against the online controller on the trace (``online.py``), as sentences."""
+    verdict = analysis.online
+    if verdict is None:
+        return []
+    lines = []
+    for name, side in (("static winner", verdict.static), ("online controller", verdict.controller)):
+        share = f"{100 * side.attainment:.2f}% of the trace inside the SLA" if side.attainment is not None else "n/a"
+        p99 = f", P99 {side.p99_ms:.1f} ms" if side.p99_ms is not None else ""
+        verdict_text = "meets the SLA" if side.passed else "misses the SLA"
+        lines.append(f"{name[:1].upper() + name[1:]} ({side.rounds} rounds): {share}{p99} on the rounds' mean; "
+                     f"{verdict_text}.")  # fmt: skip
+    lines.append(verdict.sentence())
+    chosen = "the online controller (switched on in deploy/)" if verdict.use_controller else "the static winner"
+    lines.append(f"Deployed: {chosen}: {verdict.reason}.")
+    return lines
+
+
 def interference(summary: Summary) -> str:
     """The other processes' CPU during a config's kept runs (the most of any), and how many were contended."""
     hosts = [t.result.host for t in summary.trials if t.result is not None and t.result.host is not None]
@@ -263,6 +281,12 @@ def markdown(
         if analysis.finalists is not None:
             lines += ["## Finalists", "", "Measured again, interleaved (A, B, A, B, ...), and compared round by round:",
                       "", *[f"- {line}" for line in finalist_lines(analysis, study)], ""]  # fmt: skip
+        if analysis.online is not None:
+            lines += ["## Static winner or online controller", "",
+                      "The winner's archive with the online controller switched on (docs/controller.md: the study's "
+                      "SLA, the searched ranges as its bounds, shedding on) replayed the same trace, interleaved with "
+                      "the winner (static, controller, ...):",
+                      "", *[f"- {line}" for line in online_lines(analysis, study)], ""]  # fmt: skip
         if study.is_app:
             load = "its pipeline (" + " -> ".join(st.model for st in study.pipeline) + ")" if study.pipeline else (
                 "its mix (" + ", ".join(f"{name} {share:g}" for name, share in study.mix) + ")")  # fmt: skip

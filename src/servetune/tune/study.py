@@ -224,6 +224,7 @@ class StrategySpec:
     remeasure: int = 3  # top candidates measured once more at the end
     finalists: int = 2
     rounds: int = 3
+    controller: bool = False  # then the winner against the online controller on the study's trace (``online.py``)
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,8 @@ class Study:
     # measured before the first trial (``calibrate.py``); the limit itself is then set in ``sla``
     sla_scale: tuple[tuple[str, float], ...] = ()
     contention: Contention = Contention()
+    # families measured outside the space: the winner's with the online controller on (``online.py``)
+    extra_families: tuple[Family, ...] = ()
 
     @property
     def is_app(self) -> bool:
@@ -295,7 +298,8 @@ class Study:
         return next(m for m in self.models if m.name == name)
 
     def family(self, label: str) -> Family:
-        for family in (*self.families, self.baseline_family, *(m.baseline_family for m in self.models)):
+        every = (*self.families, self.baseline_family, *(m.baseline_family for m in self.models), *self.extra_families)
+        for family in every:
             if family.label == label:
                 return family
         raise KeyError(label)

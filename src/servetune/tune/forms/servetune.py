@@ -17,7 +17,8 @@ space:
   pinning: [false, true]        # each worker on its own cores (cpuPinning)
   ray_ongoing_batches: [1, 2]   # a target's own key (here Ray's): read by that target, see targets/
 load: capacity                  # or {concurrency: 16}, or {trace: FILE, ...}; default: clients = batch size x workers
-strategy: adaptive              # or grid; {name: adaptive, remeasure: 3, finalists: 2, rounds: 3}
+strategy: adaptive              # or grid; {name: adaptive, remeasure: 3, finalists: 2, rounds: 3, controller: false}
+                                # controller: true (a trace load): the winner against the online controller on it
 contention: {max_other_cores: 0.15, retries: 2}
 budget: 20m                     # or {time: 20m, trials: 40}
 
@@ -420,7 +421,7 @@ def parse_strategy(value: Any) -> StrategySpec:
     from servetune.tune.strategies import STRATEGIES
 
     spec = {"name": value} if isinstance(value, str) else dict(v.mapping("strategy", value))
-    v.check_keys("strategy", spec, ("name", "remeasure", "finalists", "rounds"))
+    v.check_keys("strategy", spec, ("name", "remeasure", "finalists", "rounds", "controller"))
     name = spec.get("name", "adaptive")
     if name not in STRATEGIES:
         raise v.fail("strategy.name" if not isinstance(value, str) else "strategy", name, " or ".join(STRATEGIES))
@@ -429,7 +430,10 @@ def parse_strategy(value: Any) -> StrategySpec:
     if finalists == 1:
         raise v.fail("strategy.finalists", 1, "0 (none) or 2 and more: finalists are compared with each other")
     rounds = v.integer("strategy.rounds", spec.get("rounds", 3), 2)
-    return StrategySpec(name=name, remeasure=remeasure, finalists=finalists, rounds=rounds)
+    controller = spec.get("controller", False)
+    if not isinstance(controller, bool):
+        raise v.fail("strategy.controller", controller, "true or false")
+    return StrategySpec(name=name, remeasure=remeasure, finalists=finalists, rounds=rounds, controller=controller)
 
 
 def parse_budget(value: Any) -> Budget:
