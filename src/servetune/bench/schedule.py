@@ -95,13 +95,15 @@ class Schedule:
 
     def peak_rps(self, bin_s: float | None = None) -> float:
         """The highest rate of the schedule's rate curve: sends per ``bin_s`` (default: 10 s bins, or 1 s ones for a
-        schedule shorter than a minute), per second."""
+        schedule shorter than a minute), per second; never under the mean (a last bin cut short by the schedule's
+        end counts as a whole one: 60 sends over 2.1 s read 20 a second in each of three bins, against 28.6 on
+        average)."""
         if not len(self):
             return 0.0
         if bin_s is None:
             bin_s = 10.0 if self.duration_s >= 60.0 else 1.0
         bin_s = min(bin_s, max(self.duration_s, 1e-3))
-        return float(self.counts(bin_s).max()) / bin_s
+        return max(float(self.counts(bin_s).max()) / bin_s, self.mean_rps)
 
     # ---- transforms (each returns a new schedule) ---------------------------------------------------------
 
