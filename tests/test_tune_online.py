@@ -17,6 +17,7 @@ from servetune._exceptions import ConfigError
 from servetune.bench.slo import SloFigures
 from servetune.tune import Config, load_study, online, tune
 from servetune.tune import finalists as final
+from servetune.tune.analysis import analyse
 from servetune.tune.study import Load, Sla, StrategySpec
 from servetune.tune.trial import Trial
 from tune_models import cost_archive
@@ -101,6 +102,14 @@ def test_a_controller_that_answers_clearly_more_inside_the_sla_is_deployed() -> 
     assert verdict.low == pytest.approx(sum(diffs) / 3 - 4.303 * sd / math.sqrt(3), abs=1e-4)
     assert verdict.static.attainment == pytest.approx(0.95) and verdict.controller.attainment == pytest.approx(0.997)
     assert "+4.70 points of attainment" in verdict.sentence() and "3 interleaved rounds" in verdict.sentence()
+
+
+def test_rounds_left_in_a_checkpoint_decide_nothing_once_the_study_stops_asking() -> None:
+    trials, _ = rounds([0.950, 0.960, 0.940], [0.995, 0.999, 0.997])
+    asking = trace_study()
+    assert analyse(asking, trials).online is not None
+    stopped = dataclasses.replace(asking, strategy=dataclasses.replace(asking.strategy, controller=False))
+    assert analyse(stopped, trials).online is None  # the deployment stays static
 
 
 def test_a_controller_no_better_or_within_the_noise_keeps_the_static_winner() -> None:

@@ -35,6 +35,7 @@ class Analysis:
 
 
 def analyse(study: Study, trials: list[Trial]) -> Analysis:
+    study = online.restore(study, trials)  # the controller's rounds name a family outside the space
     space = Space(study)
     every = summarise_all(trials, study)
     summaries = [s for s in every if s.config in space]
@@ -50,7 +51,9 @@ def analyse(study: Study, trials: list[Trial]) -> Analysis:
     by_config = {s.config: s for s in every}
     references = [(label, by_config[config]) for label, config in study.references if config in by_config]
     front = pareto_front(measured + ([baseline] if baseline else []))
-    return Analysis(summaries, winner, closest, baseline, front, references, verdict, online.compare(study, trials))
+    # the controller's rounds decide the deployment only while the study asks for the comparison
+    against = online.compare(study, trials) if study.strategy.controller else None
+    return Analysis(summaries, winner, closest, baseline, front, references, verdict, against)
 
 
 def pareto_front(summaries: list[Summary]) -> list[Summary]:
