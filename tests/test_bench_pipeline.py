@@ -64,9 +64,11 @@ def test_one_client_waits_for_the_sum_of_the_stages(server: Any) -> None:
     assert b.server.handler.mean_ms == pytest.approx(B_MS, rel=0.2)
     assert result.latency.p50_ms == pytest.approx(A_MS + B_MS, rel=0.2)
     assert a.latency is not None and b.latency is not None
-    # end to end = the stages + what the client spends between them (a JSON answer passed on: next to nothing)
+    # end to end = the stages + what the client spends between them (a JSON answer passed on: next to nothing); the
+    # request and each of its calls are timed by their own clock reads, so "nothing" may come out a few µs below 0
+    # (a CI run measured -0.010 ms)
     between = result.latency.mean_ms - a.latency.mean_ms - b.latency.mean_ms
-    assert 0 <= between < 10
+    assert -1.0 <= between < 10
 
 
 def test_two_clients_queue_at_the_bottleneck_as_computed_by_hand(server: Any) -> None:
