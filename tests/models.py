@@ -58,12 +58,18 @@ SLEEP_HANDLER = textwrap.dedent(
 
                 for i in range(int(body[7:])):
                     send_intermediate_predict_response([f"part {i}"], context.request_ids, "Intermediate", 200, context)
-        time.sleep((float(cfg.get("batch_ms", 0.0)) + float(cfg.get("item_ms", 0.0)) * len(data)) / 1000.0)
+        ms = float(cfg.get("batch_ms", 0.0)) + float(cfg.get("item_ms", 0.0)) * len(data)
+        threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+        if cfg.get("per_thread"):  # a model that speeds up with its intra-op threads in full
+            from servetune.handlers.spec import cpu_settings
+
+            threads = max(1, cpu_settings().num_threads)
+            ms /= threads
+        time.sleep(ms / 1000.0)
         out = []
         for body in bodies:
             echo = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
             configured = context.system_properties.get("batch_size")
-            threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
             out.append({"batch_size": len(data), "configured": configured, "threads": threads, "pid": os.getpid(),
                         "echo": echo})
         return out

@@ -8,8 +8,8 @@ import pytest
 from servetune._exceptions import ConfigError
 from servetune.control import Cost, Knobs, completion_ms, decide, parse_settings
 from servetune.control.estimate import RateMeter, ServiceFit
-from servetune.control.law import batch_cap, batch_needed, measured_bounds
-from servetune.control.policy import View, make_policy
+from servetune.control.law import ThreadCost, batch_cap, batch_needed, decide_threads, measured_bounds, rescaled
+from servetune.control.policy import View, make_policy, thread_cost
 from servetune.control.slo_policy import HOLD_S, WORKERS_HOLD_S
 
 COST = Cost(20.0, 5.0)  # a batch of n takes 20 + 5n ms
@@ -231,3 +231,104 @@ def test_the_cap_holds_while_the_margin_wobbles_and_moves_once_the_law_persists(
     # a cap predicted to miss the SLA even with no margin (30: 2 (20 + 150) = 340 > 238) comes down at once
     cut = policy.decide(_view(30.0, 20.0, Knobs(30, 0.0, 1), fit, raw, 20.0))
     assert cut is not None and cut.knobs == at17
+
+
+# ---- threads per worker (bounds.threads) ------------------------------------------------------------------------
+
+
+def _known(a: float, b: float) -> ThreadCost:
+    return ThreadCost(Cost(a, b), Cost(a, b), (1, 32))
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [
+        # 1 thread, 40 + 10n; 2 threads, 24 + 6n; SLA 120, margin 10 -> budget 108; 2 cores
+        # 10 req/s: one worker, one thread: 2 (40 + 10n) <= 108 -> 1, worst 100; 1 / 50 ms x 0.8 = 16 req/s holds it
+        (10.0, Knobs(1, 0.0, 1, 1)),
+        # 50 req/s: 2 x 1 (1.5 (40 + 10n) <= 108 -> 3, 2 x 3 / 70 ms x 0.8 = 68.6 req/s) and 1 x 2 (2 (24 + 6n) <=
+        # 108 -> 5, 5 / 54 ms x 0.8 = 74.1 req/s) both hold it on 2 cores: the fewer threads
+        (50.0, Knobs(3, 0.0, 2, 1)),
+        # 72 req/s: 2 x 1 carries 68.6 at most (3 workers would need 3 cores); 1 x 2 carries 74.1
+        (72.0, Knobs(5, 0.0, 1, 2)),
+    ],
+)
+def test_threads_the_fewest_cores_that_hold_the_load_inside_the_sla(rate: float, expected: Knobs) -> None:
+    costs = {1: _known(40.0, 10.0), 2: _known(24.0, 6.0)}
+    result = decide_threads(costs, rate, 120.0, 10.0, (0, 0), (1, 4), cores=2)
+    assert result.knobs == expected
+    assert result.feasible and result.worst_ms <= 108.0
+
+
+def test_threads_where_one_thread_cannot_meet_the_sla_at_all() -> None:
+    # 1 thread: a batch of one takes 110 ms, and waits for one more: 220 > 138 (SLA 150, margin 10), and 2 workers
+    # 1.5 x 110 = 165 miss too; 2 threads (55 + 5n): 2 (55 + 5n) <= 138 -> 2, worst 130
+    costs = {1: _known(100.0, 10.0), 2: _known(55.0, 5.0)}
+    result = decide_threads(costs, 5.0, 150.0, 10.0, (0, 0), (1, 2), cores=2)
+    assert result.knobs == Knobs(2, 0.0, 1, 2)
+    # with one core only one thread fits: the least bad (the smallest worst case), and the law says it cannot hold
+    alone = decide_threads(costs, 5.0, 150.0, 10.0, (0, 0), (1, 2), cores=1)
+    assert alone.knobs.threads == 1 and alone.worst_ms == pytest.approx(220.0)
+
+
+def test_a_thread_count_not_measured_is_guessed_on_the_slow_side() -> None:
+    assert rescaled(Cost(20.0, 4.0), 1, 2) == Cost(pytest.approx(20.0 / 2**0.5), pytest.approx(4.0 / 2**0.5))
+    assert rescaled(Cost(20.0, 4.0), 2, 1) == Cost(40.0, 8.0)  # fewer: in full proportion
+    assert rescaled(Cost(20.0, 4.0), 1, 4) == Cost(10.0, 2.0)
+    fits = {1: ServiceFit()}
+    for n in (1, 2, 3, 4) * 5:
+        fits[1].add(n, 40.0 + 10.0 * n)
+    guess = thread_cost(fits, 2, (1, 32))
+    assert guess is not None
+    assert (guess.cost.a_ms, guess.cost.b_ms) == (pytest.approx(40 / 2**0.5), pytest.approx(10 / 2**0.5))
+    assert guess.batch_bounds == (1, 8)  # within twice the largest batch measured at any count
+    # batches of one at 2 threads took 30 ms: the guessed line through them, 30 / (28.28 + 7.07) = 0.849 of it
+    fits[2] = ServiceFit()
+    for _ in range(3):
+        fits[2].add(1, 30.0)
+    through = thread_cost(fits, 2, (1, 32))
+    assert through is not None
+    assert (through.cost.a_ms, through.cost.b_ms) == (pytest.approx(24.0), pytest.approx(6.0))
+    assert thread_cost({1: ServiceFit()}, 2, (1, 32)) is None  # nothing tells b yet
+
+
+def test_slo_policy_moves_threads_up_at_once_down_after_holding_and_never_past_the_cores() -> None:
+    raw = {
+        "slo": {"p99_ms": 150},
+        "bounds": {"batch_size": [1, 32], "max_batch_delay_ms": [0, 0], "workers": [1, 2], "threads": [1, 2]},
+    }
+    settings = parse_settings(raw)
+    slow, fast = ServiceFit(), ServiceFit()
+    for n in (1, 2, 3) * 10:
+        slow.add(n, 100.0 + 10.0 * n)  # 1 thread: a lone request's worst case 220 ms
+        fast.add(n, 55.0 + 5.0 * n)  # 2 threads
+    fits = {1: slow, 2: fast}
+    policy = make_policy(settings, Knobs(4, 0.0, 1, 1))
+
+    def at(now: float, knobs: Knobs, rate: float) -> View:
+        return View(now, now, rate, 0, 0, knobs, settings, fits[knobs.threads], 0.0, fits=fits, cores=2)
+
+    up = policy.decide(at(0.0, Knobs(4, 0.0, 1, 1), 5.0))
+    # at once: 2 threads, one worker (2 x 2 would need 4 cores), 2 (55 + 5n) <= 148 -> 3
+    assert up is not None and up.knobs == Knobs(3, 0.0, 1, 2)
+    assert up.why["threads"] == {"1": [100.0, 10.0], "2": [55.0, 5.0]}
+    # two workers held (say by hand) beside 2 threads: the threads come down at once to fit the cores
+    held = policy.decide(at(1.0, Knobs(3, 0.0, 2, 2), 5.0))
+    assert held is not None and held.knobs.threads == 1 and held.knobs.workers == 2
+    # the law asks for fewer threads (a cost at 2 threads no better than at 1): only after HOLD_S
+    same = {1: slow, 2: slow}
+    view = View(2.0, 2.0, 5.0, 0, 0, Knobs(3, 0.0, 1, 2), settings, slow, 0.0, fits=same, cores=2)
+    assert policy.decide(view).knobs.threads == 2  # type: ignore[union-attr]
+    later = View(2.0 + HOLD_S, 2.0 + HOLD_S, 5.0, 0, 0, Knobs(3, 0.0, 1, 2), settings, slow, 0.0, fits=same, cores=2)
+    assert policy.decide(later).knobs.threads == 1  # type: ignore[union-attr]
+
+
+def test_slo_policy_without_thread_bounds_leaves_threads_as_they_are() -> None:
+    settings = parse_settings({"slo": {"p99_ms": 150}, "bounds": {"workers": [1, 2]}})
+    fit = ServiceFit()
+    for n in (1, 2, 3) * 10:
+        fit.add(n, 100.0 + 10.0 * n)
+    decision = make_policy(settings, Knobs(4, 0.0, 1)).decide(
+        View(0.0, 0.0, 5.0, 0, 0, Knobs(4, 0.0, 1), settings, fit, 0.0, cores=2)
+    )
+    assert decision is not None and decision.knobs.threads == 0 and "threads" not in decision.why

@@ -21,6 +21,7 @@ from http_client import Reply, call, wait_for
 from models import sleep_archive
 from servetune.control.controller import MIN_SHED_BATCHES
 from servetune.embedded import EmbeddedServer
+from servetune.hardware import physical_cores
 
 STEP = {  # a = 20 ms, b = 5 ms, SLA P99 200 ms: at 20 req/s 1 worker, batch 15, no delay; at 150 2 workers, batch 22
     "batchSize": 8,
@@ -301,3 +302,47 @@ def test_invalid_settings_fail_at_registration_naming_the_key(
     assert reply.status == 400, reply.body
     assert key in reply.json()["message"]
     assert call("GET", f"{server.management_url}/models/bad").status == 404  # nothing left registered
+
+
+THREADS = {  # 120 + 10n ms at one thread, half at two (the handler speeds up in full), SLA P99 200 ms
+    "numThreads": 1,
+    "sleep": {"per_thread": True},
+    "controller": {
+        "slo": {"p99_ms": 200},
+        "bounds": {"batch_size": [1, 4], "max_batch_delay_ms": [0, 0], "workers": [1, 1], "threads": [1, 2]},
+    },
+}
+
+
+@pytest.mark.skipif(physical_cores() < 2, reason="two threads need two physical cores")
+def test_a_batch_of_one_too_slow_at_one_thread_gets_a_second_thread(tmp_path: Path) -> None:
+    # By hand: at one thread a request takes 130 ms and may wait for one before it, 2 x 130 = 260 > 198 (SLA 200 less
+    # 2 ms of slack): no batch size or delay can hold the SLA, a second thread can (2 x 65 = 130). Alone on the
+    # server (every other model's workers would take cores), so both of the host's cores are the model's.
+    store = tmp_path / "store"
+    config = {**THREADS, "controller": {**THREADS["controller"], "log": str(tmp_path / "threads.jsonl")}}
+    sleep_archive(store, "threads", batch_ms=120, item_ms=10, model_config=config)
+    properties = {"disable_token_authorization": "true", "default_workers_per_model": "1"}
+    with EmbeddedServer(store, {"threads": "threads.mar"}, properties, workdir=tmp_path / "server") as running:
+        first = [predict(running, "threads", f"a{i}".encode()) for i in range(3)]
+        assert [r.status for r in first] == [200] * 3
+        assert first[0].json()["threads"] == 1  # as registered
+        wait_for(lambda: describe(running, "threads")["knobs"].get("threads") == 2, 5, "two threads")
+        with ThreadPoolExecutor(4) as pool:  # concurrent requests too: batches of several sizes tell b at 2 threads
+            later = list(pool.map(lambda i: predict(running, "threads", f"b{i}".encode()), range(24)))
+        assert [r.status for r in later] == [200] * 24
+        assert {r.json()["threads"] for r in later} == {2}  # every later batch ran with two threads
+        described = describe(running, "threads")
+        assert described["knobs"]["threads"] == 2  # and stays: one thread, guessed from two, still misses
+        assert set(described["fitByThreads"]) == {"1", "2"}
+        assert described["fitByThreads"]["1"]["batches"] >= 1
+        assert described["fitByThreads"]["2"]["batches"] >= 1
+        moved = [c for c in described["recentChanges"] if c["old"].get("threads") == 1 and c["new"]["threads"] == 2]
+        assert moved, described["recentChanges"]
+        assert metric_values(running, "servetune_controller_threads", "threads") == {"": 2.0}
+        time.sleep(0.3)  # the decision log is written at the next tick
+        logged = [json.loads(line) for line in (tmp_path / "threads.jsonl").read_text().splitlines()]
+        ran = [r["threads"] for r in logged if r["kind"] == "batch"]
+        # every batch ran at 1 thread until the change, then at 2 (as the answers say), each logged with its threads
+        assert ran[0] == 1 and ran[-1] == 2 and ran == sorted(ran)
+        assert sum(r["size"] for r in logged if r["kind"] == "batch") == 27

@@ -42,6 +42,20 @@ def test_threads_share_the_physical_cores_among_every_worker() -> None:
     assert placed.threads(("a", "1")) == 2  # 8 cores over a's 2 and c's 1 workers
 
 
+def test_spare_cores_are_what_the_other_models_workers_leave() -> None:
+    placed = placement(8, 4)
+    placed.demand(("a", "1"), Demand(workers=1, threads=2, pinned=False))
+    assert placed.spare_cores(("a", "1")) == 4  # alone: every physical core
+    placed.demand(("b", "1"), Demand(workers=1, threads=0, pinned=False))  # an automatic share counts one
+    assert placed.spare_cores(("a", "1")) == 3
+    assert placed.spare_cores(("b", "1")) == 2  # a's worker holds 2 threads
+    placed.demand(("c", "1"), Demand(workers=3, threads=1, pinned=False))
+    assert placed.spare_cores(("a", "1")) == 1  # never under one
+    pinned = placement(8, 4)
+    pinned.demand(("p", "1"), Demand(workers=1, threads=2, pinned=True))
+    assert pinned.spare_cores(("p", "1")) == 8  # pinned: the usable CPUs
+
+
 def test_pinned_workers_get_disjoint_cores_and_a_demand_that_does_not_fit_is_refused() -> None:
     placed = placement(8, 8)
     placed.demand(("a", "1"), Demand(workers=2, threads=2, pinned=True))

@@ -15,7 +15,8 @@ import yaml
 
 from servetune._exceptions import ConfigError
 from servetune.bench.slo import SloFigures
-from servetune.tune import Config, load_study, online, tune
+from servetune.control import parse_settings
+from servetune.tune import Config, deploy, load_study, online, tune
 from servetune.tune import finalists as final
 from servetune.tune.analysis import analyse
 from servetune.tune.study import Load, Sla, StrategySpec
@@ -69,6 +70,15 @@ def test_the_controller_family_is_the_winners_with_its_section_and_outside_the_s
     # read back from a checkpoint, the family is known again
     trials, _ = rounds([0.9], [0.99])
     assert online.restore(s, trials).family(ours.family) == fam
+
+
+def test_searched_thread_counts_become_the_controllers_thread_bounds() -> None:
+    searched = dataclasses.replace(family(workers=(1, 2), batch=(1, 4), delays=(10,)), threads=(0, 1, 2, 4))
+    section = deploy.controller_section(Sla(p99_ms=300), searched)
+    assert section is not None and section["bounds"]["threads"] == [1, 4]  # 0, the automatic share, is no bound
+    parse_settings(section)  # what the server accepts
+    one = dataclasses.replace(searched, threads=(0, 2))
+    assert "threads" not in deploy.controller_section(Sla(p99_ms=300), one)["bounds"]  # type: ignore[index]
 
 
 def test_the_rounds_are_interleaved_and_a_resumed_study_measures_only_what_it_lacks() -> None:

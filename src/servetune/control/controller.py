@@ -14,13 +14,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from servetune._exceptions import ApiError
 from servetune.control.decisions import DecisionLog
 from servetune.control.estimate import RateMeter, ServiceFit
 from servetune.control.law import SLACK_MS, Cost, completion_ms
-from servetune.control.policy import BatchSeen, Decision, View, make_policy
+from servetune.control.policy import BatchSeen, Decision, View, make_policy, thread_cost
 from servetune.control.settings import ControlSettings, Knobs
 
 log = logging.getLogger("servetune.control")
@@ -48,14 +49,23 @@ class Actuator(Protocol):
         """Start or retire workers (raises ApiError when the host's cores cannot hold them)."""
         ...
 
+    def set_threads(self, threads: int) -> None:
+        """Intra-op threads per worker, from the next batch each worker runs (ApiError: the pinned cores do not fit)."""
+        ...
+
+    def cores(self) -> int:
+        """The cores this model's workers may take between them: the host's, less what other models' workers take."""
+        ...
+
 
 class HeldKnobs:
     """An :class:`Actuator` that only holds the knobs and a queue length it is told: the controller run in process,
     with no model behind it (its overhead timed, its admission checked by hand)."""
 
-    def __init__(self, knobs: Knobs, queue: int = 0) -> None:
+    def __init__(self, knobs: Knobs, queue: int = 0, cores: int = 64) -> None:
         self.now = knobs
         self.queue = queue
+        self.spare = cores
 
     def knobs(self) -> Knobs:
         return self.now
@@ -64,10 +74,16 @@ class HeldKnobs:
         return self.queue
 
     def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
-        self.now = Knobs(batch_size, max_batch_delay_ms, self.now.workers)
+        self.now = replace(self.now, batch_size=batch_size, max_batch_delay_ms=max_batch_delay_ms)
 
     async def set_workers(self, workers: int) -> None:
-        self.now = Knobs(self.now.batch_size, self.now.max_batch_delay_ms, workers)
+        self.now = replace(self.now, workers=workers)
+
+    def set_threads(self, threads: int) -> None:
+        self.now = replace(self.now, threads=threads)
+
+    def cores(self) -> int:
+        return self.spare
 
 
 class Controller:
@@ -86,10 +102,12 @@ class Controller:
         self.clock = clock
         self.policy = make_policy(settings, actuator.knobs())
         self.meter = RateMeter()
-        self.fit = ServiceFit()
+        # one fit per thread count when the policy moves threads (a batch at 2 threads costs other than at 1); else
+        # one, under 0
+        self.fits: dict[int, ServiceFit] = {}
         self.log = DecisionLog(settings.log, settings.log_max_bytes)
         self.started = clock()
-        self.inflight: dict[str, tuple[float, float]] = {}  # worker -> (dispatched at, predicted ms)
+        self.inflight: dict[str, tuple[float, float, int]] = {}  # worker -> (dispatched at, predicted ms, threads)
         self.batches = dict.fromkeys(REASONS, 0)
         self.shed_count = 0
         self.knob_changes = 0
@@ -129,6 +147,19 @@ class Controller:
 
     # ---- what a policy sees ------------------------------------------------------------------
 
+    def _threads_key(self) -> int:
+        """The fit a batch dispatched now belongs to: its threads per worker when the policy moves them, else 0."""
+        return self.actuator.knobs().threads if self.settings.threads is not None else 0
+
+    @property
+    def fit(self) -> ServiceFit:
+        """The fit of the threads per worker now (the only one, when threads are not moved)."""
+        key = self._threads_key()
+        fit = self.fits.get(key)
+        if fit is None:
+            fit = self.fits[key] = ServiceFit()
+        return fit
+
     def view(self) -> View:
         now = self.clock()
         queue = self.actuator.queue_length()
@@ -143,6 +174,8 @@ class Controller:
             settings=self.settings,
             fit=self.fit,
             margin_ms=self.margin_ms,
+            fits=self.fits,
+            cores=self.actuator.cores() if self.settings.threads is not None else 0,
         )
 
     async def tick(self) -> None:
@@ -157,6 +190,11 @@ class Controller:
         self.log.flush()
 
     def _refresh_cost(self) -> None:
+        if self.settings.threads is not None:  # a thread count not measured yet: guessed from one that was
+            known = thread_cost(self.fits, self._threads_key(), self.settings.batch_size)
+            if known is not None:
+                self._cost = known.cost
+                return
         found = self.fit.coefficients()
         if found is not None:
             self._cost = Cost(*found)
@@ -168,15 +206,24 @@ class Controller:
 
     def apply(self, view: View, decision: Decision) -> None:
         old, new = view.knobs, decision.knobs
+        if not new.threads or self.settings.threads is None:  # threads are moved only within bounds.threads
+            new = replace(new, threads=old.threads)
         if self._worker_cap is not None and new.workers > self._worker_cap:
-            new = Knobs(new.batch_size, new.max_batch_delay_ms, self._worker_cap)
+            new = replace(new, workers=self._worker_cap)
         if new == old:
             return
         if (new.batch_size, new.max_batch_delay_ms) != (old.batch_size, old.max_batch_delay_ms):
             self.actuator.set_batching(new.batch_size, new.max_batch_delay_ms)
+        if new.threads != old.threads:  # before any scale: fewer threads first, so that more workers fit the cores
+            try:
+                self.actuator.set_threads(new.threads)
+            except ApiError as exc:
+                self.last_error = exc.message
+                log.warning("controller of %s: %d threads refused: %s", self.name, new.threads, exc.message)
+                new = replace(new, threads=old.threads)
         if new.workers != old.workers:
             if self._scaling is not None and not self._scaling.done():
-                new = Knobs(new.batch_size, new.max_batch_delay_ms, old.workers)  # one scale at a time
+                new = replace(new, workers=old.workers)  # one scale at a time
             else:
                 self._scaling = asyncio.create_task(self._scale(new.workers))
         if new == old:
@@ -231,7 +278,7 @@ class Controller:
         if not own and queue == 0 and len(self.inflight) < knobs.workers:
             return
         now = self.clock()
-        busy = [(start + predicted / 1000.0 - now) * 1000.0 for start, predicted in self.inflight.values()]
+        busy = [(start + predicted / 1000.0 - now) * 1000.0 for start, predicted, _ in self.inflight.values()]
         wait_ms = completion_ms(cost, queue, knobs.batch_size, busy, knobs.workers, knobs.max_batch_delay_ms)
         # the answer must also cross the frontend and the network inside the deadline, and the prediction may err
         if now + (wait_ms + self.margin_ms + SLACK_MS) / 1000.0 <= limit:
@@ -261,7 +308,7 @@ class Controller:
         """A batch went to ``worker``; returns its predicted time (ms; NaN before the cost is known)."""
         cost = self._cost
         predicted = cost.t(size) if cost is not None else math.nan
-        self.inflight[worker] = (self.clock(), predicted if cost is not None else 0.0)
+        self.inflight[worker] = (self.clock(), predicted if cost is not None else 0.0, self._threads_key())
         self._running_requests += size
         return predicted
 
@@ -270,12 +317,16 @@ class Controller:
     ) -> None:
         """The batch ``dispatched`` announced is answered (or failed: then ``actual_ms`` is NaN and nothing is
         learnt from it)."""
-        self.inflight.pop(worker, None)
+        running = self.inflight.pop(worker, None)
         self._running_requests = max(0, self._running_requests - size)
         self.batches[reason] = self.batches.get(reason, 0) + 1
         if math.isnan(actual_ms):
             return
-        self.fit.add(size, actual_ms)
+        key = running[2] if running is not None else self._threads_key()  # the threads the batch ran with
+        fit = self.fits.get(key)
+        if fit is None:
+            fit = self.fits[key] = ServiceFit()
+        fit.add(size, actual_ms)
         if not math.isnan(predicted_ms):
             error = actual_ms - predicted_ms
             self._err2 = ERROR_DECAY * self._err2 + (1.0 - ERROR_DECAY) * error * error
@@ -285,9 +336,15 @@ class Controller:
         known = None if math.isnan(predicted_ms) else predicted_ms
         if self.policy.observes:
             self.policy.observe(BatchSeen(size, reason, oldest_queue_ms, known, actual_ms, worker))
-        self.log.batch(self.clock() - self.started, worker, reason, size, oldest_queue_ms, known, actual_ms)
+        self.log.batch(self.clock() - self.started, worker, reason, size, oldest_queue_ms, known, actual_ms, key)
 
     # ---- describe ----------------------------------------------------------------------------
+
+    def _by_threads(self) -> dict[str, Any]:
+        """With ``bounds.threads``: each thread count's fit (``fit`` is the one of the threads now)."""
+        if self.settings.threads is None:
+            return {}
+        return {"fitByThreads": {str(k): _fit_json(fit) for k, fit in sorted(self.fits.items())}}
 
     def describe(self) -> dict[str, Any]:
         now = self.clock()
@@ -299,6 +356,7 @@ class Controller:
             "state": "fitted" if found is not None else ("measuring" if self.fit.count else "waiting"),
             "knobs": knobs.to_json(),
             "arrivalRate": round(self.meter.rate(now), 2),
+            **self._by_threads(),
             "fit": {
                 "a_ms": round(found[0], 3) if found else None,
                 "b_ms": round(found[1], 3) if found else None,
@@ -314,6 +372,16 @@ class Controller:
             "recentChanges": list(self.log.recent),
             **({"lastError": self.last_error} if self.last_error else {}),
         }
+
+
+def _fit_json(fit: ServiceFit) -> dict[str, Any]:
+    found = fit.coefficients()
+    return {
+        "a_ms": round(found[0], 3) if found else None,
+        "b_ms": round(found[1], 3) if found else None,
+        "batches": fit.count,
+        "largest": fit.largest,
+    }
 
 
 def _finite(value: float) -> float | None:

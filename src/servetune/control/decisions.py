@@ -44,12 +44,13 @@ class DecisionLog:
         oldest_queue_ms: float,
         predicted_ms: float | None,
         actual_ms: float,
+        threads: int = 0,
     ) -> None:
         """One dispatched batch's line, written at the next :meth:`flush`. ``t`` is seconds since the controller
-        started."""
+        started; ``threads``: the worker's intra-op threads, where the controller moves them (0: not written)."""
         if self._file is None:
             return
-        self._pending.append((t, worker, reason, size, oldest_queue_ms, predicted_ms, actual_ms))
+        self._pending.append((t, worker, reason, size, oldest_queue_ms, predicted_ms, actual_ms, threads))
         if len(self._pending) >= PENDING_MAX:  # ticks late (a loop held up): bound what waits in memory
             self.flush()
 
@@ -66,14 +67,16 @@ class DecisionLog:
             if len(record) == 1:
                 lines.append(record[0] + "\n")
                 continue
-            t, worker, reason, size, oldest_queue_ms, predicted_ms, actual_ms = record
+            t, worker, reason, size, oldest_queue_ms, predicted_ms, actual_ms, threads = record
             name = quoted.get(worker)
             if name is None:
                 name = quoted[worker] = json.dumps(worker)
             predicted = "null" if predicted_ms is None else f"{predicted_ms:.3f}"
+            more = f',"threads":{threads}' if threads else ""
             lines.append(
                 f'{{"t":{t:.4f},"kind":"batch","worker":{name},"reason":"{reason}","size":{size},'
-                f'"oldest_queue_ms":{oldest_queue_ms:.3f},"predicted_ms":{predicted},"actual_ms":{actual_ms:.3f}}}\n'
+                f'"oldest_queue_ms":{oldest_queue_ms:.3f},"predicted_ms":{predicted},"actual_ms":{actual_ms:.3f}'
+                f"{more}}}\n"
             )
         return lines
 

@@ -18,6 +18,15 @@ What the fit can tell: the law sizes the cap on the fit's cautious cost (b at it
 ``ServiceFit.cautious``) and never past ``EXTRAPOLATE`` times the largest batch measured (:func:`measured_bounds`):
 a fit from batches of one and two tells b poorly, and a b underestimated would put the cap at its bound.
 
+4. **Threads** per worker (with ``bounds.threads``; :func:`decide_threads`): each thread count k has its own cost
+   t_k(n), and at most ``cores // k`` workers (the cores the other models leave). For each k the law above runs; the
+   knobs that hold the load inside the SLA with the fewest cores (W·k) win, the fewer threads on a tie (threads
+   rarely scale in full, so fewer buy more per core). More threads are chosen only when fewer cannot hold the SLA
+   or the load within the cores: a model whose batch of one at one thread is slower than the SLA allows, or a load
+   that one-thread workers cannot carry on the cores there are. A thread count not yet measured is guessed from one
+   that was (:func:`rescaled`): more threads speed a batch up by only the square root of the ratio, fewer slow it in
+   full proportion, cautious both ways until its own batches tell.
+
 Admission (:func:`completion_ms`): a request's completion is predicted from the requests ahead of it, the workers'
 running batches and t(n); a request predicted to finish after its deadline is shed.
 """
@@ -25,7 +34,7 @@ running batches and t(n); a request predicted to finish after its deadline is sh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from servetune.control.settings import Knobs
 
@@ -134,6 +143,70 @@ def decide(
     return LawResult(Knobs(n_cap, delay, workers), rate, n_need, utilization, worst, feasible)
 
 
+def rescaled(cost: Cost, measured_threads: int, threads: int) -> Cost:
+    """``cost``, measured at ``measured_threads`` per worker, guessed at ``threads``: more threads are taken to speed
+    a batch up by the square root of the ratio only (2 threads: 1.41x, where 2x is ideal and rare), fewer to slow it
+    down in full proportion (2 -> 1: 2x): the guess errs on the slow side either way."""
+    if threads == measured_threads or measured_threads < 1 or threads < 1:
+        return cost
+    ratio = measured_threads / threads
+    factor = ratio if threads < measured_threads else math.sqrt(ratio)
+    return Cost(cost.a_ms * factor, cost.b_ms * factor)
+
+
+@dataclass(frozen=True)
+class ThreadCost:
+    """What the law knows of one thread count: the fitted cost, its cautious line, the batch bounds the fit can
+    vouch for (``measured_bounds``)."""
+
+    cost: Cost
+    cautious: Cost
+    batch_bounds: tuple[int, int]
+
+
+def decide_threads(
+    costs: dict[int, ThreadCost],
+    rate: float,
+    target_ms: float,
+    margin_ms: float,
+    delay_bounds: tuple[int, int],
+    worker_bounds: tuple[int, int],
+    cores: int,
+) -> LawResult:
+    """The law over thread counts too (the module's point 4): ``costs`` maps each thread count to consider to what is
+    known of it; at most ``cores // k`` workers at k threads (never under ``worker_bounds``' low end, which the
+    placement then refuses or the host oversubscribes). The knobs that hold the load inside the SLA with the fewest
+    cores win, the fewer threads on a tie; when none does, those with the most capacity whose worst case fits the
+    SLA, else those with the smallest worst case."""
+    budget = target_ms - margin_ms - SLACK_MS
+    best: tuple[tuple[float, ...], LawResult] | None = None
+    fewest = min(costs, default=0)
+    for k in sorted(costs):
+        if cores // k < worker_bounds[0] and k != fewest:  # the fewest workers allowed would not fit the cores
+            continue
+        known = costs[k]
+        high = max(worker_bounds[0], min(worker_bounds[1], cores // k))
+        law = decide(
+            known.cost, rate, target_ms, margin_ms, known.batch_bounds, delay_bounds, (worker_bounds[0], high),
+            known.cautious,
+        )  # fmt: skip
+        knobs = Knobs(law.knobs.batch_size, law.knobs.max_batch_delay_ms, law.knobs.workers, k)
+        law = replace(law, knobs=knobs)
+        fits = law.worst_ms <= budget + 1e-9
+        capacity = knobs.workers * knobs.batch_size / known.cost.t(knobs.batch_size) * 1000.0
+        if law.feasible and fits:
+            rank: tuple[float, ...] = (0.0, knobs.workers * k, k)
+        elif fits:
+            rank = (1.0, -capacity, k)
+        else:
+            rank = (2.0, law.worst_ms, k)
+        if best is None or rank < best[0]:
+            best = (rank, law)
+    if best is None:
+        raise ValueError("decide_threads: no thread count to consider")
+    return best[1]
+
+
 def completion_ms(
     cost: Cost, ahead: int, batch_size: int, busy_remaining_ms: list[float], workers: int, delay_ms: float = 0.0
 ) -> float:
@@ -171,8 +244,11 @@ __all__ = [
     "LawResult",
     "batch_cap",
     "batch_needed",
+    "ThreadCost",
     "completion_ms",
     "decide",
+    "decide_threads",
     "measured_bounds",
+    "rescaled",
     "wait_factor",
 ]

@@ -3,7 +3,8 @@
 - ``servetune_controller_batches_total{reason}``: batches dispatched, by why they went (full, delay, deadline, solo);
 - ``servetune_controller_shed_total``: requests answered 503 because they were predicted to miss their deadline;
 - ``servetune_controller_knob_changes_total``;
-- ``servetune_controller_batch_size``, ``..._max_batch_delay_ms``, ``..._workers``: the knobs now;
+- ``servetune_controller_batch_size``, ``..._max_batch_delay_ms``, ``..._workers``: the knobs now, and
+  ``..._threads`` (intra-op threads per worker) for a controller that moves them (``bounds.threads``);
 - ``servetune_controller_arrival_rate``: requests per second, last half second;
 - ``servetune_controller_predicted_batch_ms_total`` and ``..._actual_batch_ms_total`` over
   ``servetune_controller_predicted_batches_total``: how good the predictions are.
@@ -36,6 +37,7 @@ class ControllerMetrics:
             "batch_size": GaugeMetricFamily(p + "batch_size", "Batch size now", labels=LABELS),
             "max_batch_delay_ms": GaugeMetricFamily(p + "max_batch_delay_ms", "Batch delay now (ms)", labels=LABELS),
             "workers": GaugeMetricFamily(p + "workers", "Workers now", labels=LABELS),
+            "threads": GaugeMetricFamily(p + "threads", "Intra-op threads per worker now", labels=LABELS),
         }
         rate = GaugeMetricFamily(p + "arrival_rate", "Arrivals per second, last half second", labels=LABELS)
         for c in self._controllers():
@@ -49,7 +51,8 @@ class ControllerMetrics:
             actual_ms.add_metric(key, c.actual_ms_sum)
             knobs = c.actuator.knobs().to_json()
             for name, gauge in gauges.items():
-                gauge.add_metric(key, float(knobs[name]))
+                if name in knobs:  # threads: only where the controller moves them
+                    gauge.add_metric(key, float(knobs[name]))
             rate.add_metric(key, c.meter.rate(c.clock()))
         yield from (batches, shed, changes, predicted, predicted_ms, actual_ms, *gauges.values(), rate)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from servetune.control.estimate import ServiceFit
-from servetune.control.law import Cost
+from servetune.control.law import Cost, ThreadCost, measured_bounds, rescaled
 from servetune.control.settings import ControlSettings, Knobs
 from servetune.registry import registered
 
@@ -31,6 +31,32 @@ class BatchSeen:
     worker: str
 
 
+def thread_cost(fits: dict[int, ServiceFit], threads: int, batch_bounds: tuple[int, int]) -> ThreadCost | None:
+    """What is known of a batch's cost at ``threads`` per worker (``fits``: one fit per thread count): that count's
+    own fit once it tells b; else the nearest count whose fit does, rescaled (``law.rescaled``) and, where batches
+    at ``threads`` were seen (all of one size, so b is not told yet), put through their mean. None: no fit tells b."""
+    own = fits.get(threads)
+    if own is not None:
+        fitted, tilted = own.coefficients(), own.cautious()
+        if fitted is not None and tilted is not None:
+            return ThreadCost(Cost(*fitted), Cost(*tilted), measured_bounds(batch_bounds, own.largest))
+    told = [(abs(k - threads), k) for k, fit in fits.items() if k != threads and fit.coefficients() is not None]
+    if not told:
+        return None
+    base_k = min(told)[1]
+    base = fits[base_k]
+    line, high = base.coefficients(), base.cautious()
+    assert line is not None and high is not None  # told b: both known
+    cost, cautious = rescaled(Cost(*line), base_k, threads), rescaled(Cost(*high), base_k, threads)
+    seen = own.mean() if own is not None else None
+    if seen is not None and cost.t(seen[0]) > 0:  # the guessed line through what was measured at this count
+        scale = seen[1] / cost.t(seen[0])
+        cost = Cost(cost.a_ms * scale, cost.b_ms * scale)
+        cautious = Cost(cautious.a_ms * scale, cautious.b_ms * scale)
+    largest = max(base.largest, own.largest if own is not None else 0)
+    return ThreadCost(cost, cautious, measured_bounds(batch_bounds, largest))
+
+
 @dataclass
 class View:
     """What a policy sees at a tick."""
@@ -45,6 +71,12 @@ class View:
     fit: ServiceFit
     margin_ms: float  # the fit's error margin
     extra: dict[str, Any] = field(default_factory=dict)
+    fits: dict[int, ServiceFit] = field(default_factory=dict)  # with ``bounds.threads``: one per thread count
+    cores: int = 0  # the cores this model's workers may take between them (0: not told)
+
+    def thread_cost(self, threads: int) -> ThreadCost | None:
+        """What is known of a batch at ``threads`` per worker (:func:`thread_cost`)."""
+        return thread_cost(self.fits, threads, self.settings.batch_size)
 
     def cost(self) -> Cost | None:
         """The fitted cost, once b can be told; None before."""
@@ -104,4 +136,4 @@ def make_policy(settings: ControlSettings, registered_knobs: Knobs) -> Policy:
     return policy
 
 
-__all__ = ["POLICIES", "BatchSeen", "Decision", "Policy", "View", "make_policy"]
+__all__ = ["POLICIES", "BatchSeen", "Decision", "Policy", "View", "make_policy", "thread_cost"]

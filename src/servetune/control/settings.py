@@ -46,17 +46,20 @@ _KNOB_MIN = {"batch_size": 1, "max_batch_delay_ms": 0, "workers": 1, "threads": 
 
 @dataclass(frozen=True)
 class Knobs:
-    """The knobs a policy moves: batch size, batch delay and workers (threads per worker are the model's own)."""
+    """The knobs a policy moves: batch size, batch delay, workers, and intra-op threads per worker (0: as they are;
+    only servetune's policy moves them, and only with ``bounds.threads``)."""
 
     batch_size: int
     max_batch_delay_ms: float
     workers: int
+    threads: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "batch_size": self.batch_size,
             "max_batch_delay_ms": round(self.max_batch_delay_ms, 3),
             "workers": self.workers,
+            **({"threads": self.threads} if self.threads else {}),
         }
 
 
@@ -78,7 +81,7 @@ class ControlSettings:
     batch_size: tuple[int, int] = (1, 32)
     max_batch_delay_ms: tuple[int, int] = (0, 100)
     workers: tuple[int, int] | None = None  # None: the policy leaves workers as registered
-    threads: tuple[int, int] | None = None  # validated and reported; not moved (docs/controller.md)
+    threads: tuple[int, int] | None = None  # None: threads per worker stay the model's own
     shed: bool = False
     probe: str | None = None
     log: str | None = None

@@ -11,11 +11,27 @@ the meter's window (0.5 s) plus a tick (0.1 s). Any other change waits until the
 that the margin or the fit moves back and forth stays put. A smaller cap applies at once only when the cap now is
 predicted to miss the SLA even with no margin. Changes under ``DEADBAND`` (and under one request or 1 ms) never
 apply: the knobs do not flap on a rate that wobbles.
+
+Threads per worker (only with ``bounds.threads``; ``law.decide_threads``): more at once, as far as the cores hold
+them beside the workers; fewer after ``HOLD_S``, or at once when more workers would not fit the cores otherwise.
+Before b is told, a batch of one that misses the SLA at the threads now asks for one more.
 """
 
 from __future__ import annotations
 
-from servetune.control.law import SLACK_MS, Cost, batch_cap, decide, measured_bounds, wait_factor
+from dataclasses import replace
+
+from servetune.control.law import (
+    SLACK_MS,
+    Cost,
+    LawResult,
+    ThreadCost,
+    batch_cap,
+    decide,
+    decide_threads,
+    measured_bounds,
+    wait_factor,
+)
 from servetune.control.policy import BatchSeen, Decision, View
 from servetune.control.settings import ControlSettings, Knobs
 
@@ -37,6 +53,7 @@ class SloPolicy:
         self.registered = registered
         self._lower_since: float | None = None
         self._fewer_since: float | None = None
+        self._fewer_threads_since: float | None = None
         self._cap_since: float | None = None  # since when the law has asked for a cap on one side of the cap now
         self._cap_up = False  # that side: above
         self._cap_asked = 0  # the least change asked since then
@@ -46,13 +63,19 @@ class SloPolicy:
         """The fit is the controller's; nothing of its own to learn."""
 
     def decide(self, view: View) -> Decision | None:
-        s = self.settings
         # Until the fit can tell b (batches of two sizes), the cap is the registered one, but no larger than what
         # the batches seen say is safe if a batch costs in proportion to its size (the pessimistic guess), and never
         # under 2: a cap of 1 would keep every batch at one size, and b would never be told.
-        cost, cautious = view.cost(), view.cautious_cost()
+        s = self.settings
+        now = view.knobs
+        if s.threads is not None:  # the cost at the threads now: its own fit, or guessed from another count's
+            known = view.thread_cost(now.threads)
+            cost, cautious = (known.cost, known.cautious) if known is not None else (None, None)
+        else:
+            cost, cautious = view.cost(), view.cautious_cost()
         if cost is None or cautious is None:
             cap = max(s.batch_size[0], min(s.batch_size[1], self.registered.batch_size))
+            threads = now.threads if self._started else self._first_threads(view)
             seen = view.fit.mean()
             why: dict[str, object] = {"start": True}
             if seen is not None:
@@ -62,19 +85,21 @@ class SloPolicy:
                                         view.knobs.workers))  # fmt: skip
                 cap = max(s.batch_size[0], min(cap, safe))
                 why = {"uncalibrated": {"per_request_ms": round(per_request, 3), "safe_cap": safe}}
-            if self._started and cap >= view.knobs.batch_size:
-                return None  # a smaller cap applies at once; the registered one is never exceeded
+                # with bounds.threads: a batch of one that misses the SLA at these threads asks for one more thread
+                # at once (within the cores), as the law would; b need not be told for that
+                if s.threads is not None and wait_factor(now.workers) * per_request > budget:
+                    threads = self._threads(view, now.threads + 1, now.workers)
+            if self._started and cap >= now.batch_size:  # a smaller cap applies at once; the registered one is never
+                # exceeded
+                return Decision(replace(now, threads=threads), why) if threads != now.threads else None
             self._started = True  # before any batch: the registered knobs within bounds, no delay
-            first = Knobs(cap, float(s.max_batch_delay_ms[0]), view.knobs.workers)
-            return Decision(first, why) if first != view.knobs else None
+            first = Knobs(cap, float(s.max_batch_delay_ms[0]), now.workers, threads)
+            return Decision(first, why) if first != now else None
         self._started = True
         # a backlog is load too: what waits should drain within a second
         rate = view.rate + view.queue
-        bounds = measured_bounds(s.batch_size, view.fit.largest)
-        law = decide(
-            cost, rate, s.target_ms, view.margin_ms, bounds, s.max_batch_delay_ms, view.workers_bounds, cautious
-        )
-        want, now = law.knobs, view.knobs
+        costs, law = self._law(view, rate, cost, cautious)
+        want = law.knobs
         why = {
             "law": law.to_json(),
             "a_ms": round(cost.a_ms, 3),
@@ -82,6 +107,8 @@ class SloPolicy:
             "b_cautious_ms": round(cautious.b_ms, 3),
             "largest": view.fit.largest,
         }
+        if s.threads is not None:
+            why["threads"] = {str(k): [round(c.cost.a_ms, 3), round(c.cost.b_ms, 3)] for k, c in costs.items()}
         # workers: up at once, down after WORKERS_HOLD_S
         workers = now.workers
         if want.workers > now.workers:
@@ -92,11 +119,13 @@ class SloPolicy:
                 workers, self._fewer_since = want.workers, None
         else:
             self._fewer_since = None
+        threads = self._threads(view, want.threads, workers)
         budget = s.target_ms - view.margin_ms - SLACK_MS
-        if workers != want.workers:  # workers held: the cap those allow
-            want = Knobs(
-                batch_cap(cautious, budget, want.max_batch_delay_ms, bounds, workers), want.max_batch_delay_ms, workers
-            )
+        held = costs.get(threads) or ThreadCost(cost, cautious, measured_bounds(s.batch_size, view.fit.largest))
+        cautious = held.cautious
+        if (workers, threads) != (want.workers, want.threads):  # workers or threads held: the cap those allow
+            cap = batch_cap(cautious, budget, want.max_batch_delay_ms, held.batch_bounds, workers)
+            want = Knobs(cap, want.max_batch_delay_ms, workers, threads)
         # the delay: longer at once, shorter after HOLD_S
         delay = now.max_batch_delay_ms
         if not _far(want.max_batch_delay_ms, delay, 1.0):
@@ -108,12 +137,59 @@ class SloPolicy:
             if view.now - self._lower_since >= HOLD_S:
                 delay, self._lower_since = want.max_batch_delay_ms, None
         # the cap: at once when the load needs more, or the workers change, or the cap now is a sure miss
-        urgent_up = law.n_need > now.batch_size or workers != now.workers
+        urgent_up = law.n_need > now.batch_size or workers != now.workers or threads != now.threads
         worst_now = delay + wait_factor(workers) * cautious.t(now.batch_size)
         urgent_down = worst_now > s.target_ms - SLACK_MS
         batch = self._cap(view.now, now.batch_size, want.batch_size, urgent_up, urgent_down)
-        chosen = Knobs(batch, delay, workers)
+        chosen = Knobs(batch, delay, workers, threads)
         return Decision(chosen, why) if chosen != now else None
+
+    def _law(self, view: View, rate: float, cost: Cost, cautious: Cost) -> tuple[dict[int, ThreadCost], LawResult]:
+        """The law's knobs, and what it knew of each thread count it weighed (only the threads now, unless the
+        policy moves them)."""
+        s = self.settings
+        if s.threads is None:
+            bounds = measured_bounds(s.batch_size, view.fit.largest)
+            law = decide(
+                cost, rate, s.target_ms, view.margin_ms, bounds, s.max_batch_delay_ms, view.workers_bounds, cautious
+            )
+            return {view.knobs.threads: ThreadCost(cost, cautious, bounds)}, law
+        costs = {k: c for k in range(s.threads[0], s.threads[1] + 1) if (c := view.thread_cost(k)) is not None}
+        if not costs:  # none within bounds can be told or guessed: the threads now, as measured
+            costs = {view.knobs.threads: ThreadCost(cost, cautious, measured_bounds(s.batch_size, view.fit.largest))}
+        law = decide_threads(
+            costs, rate, s.target_ms, view.margin_ms, s.max_batch_delay_ms, view.workers_bounds, view.cores
+        )
+        return costs, law
+
+    def _first_threads(self, view: View) -> int:
+        """Before the fit tells b: the threads now, within bounds and the cores the workers now may share."""
+        bounds, now = self.settings.threads, view.knobs
+        if bounds is None:
+            return now.threads
+        fit_cores = max(1, view.cores // max(1, now.workers)) if view.cores else bounds[1]
+        return max(bounds[0], min(bounds[1], now.threads or 1, fit_cores))
+
+    def _threads(self, view: View, want: int, workers: int) -> int:
+        """Threads per worker after hysteresis: more at once (as far as the cores hold them beside ``workers``),
+        fewer after HOLD_S, or at once when the workers would not fit the cores otherwise."""
+        bounds, now = self.settings.threads, view.knobs
+        if bounds is None:
+            return now.threads
+        room = max(bounds[0], view.cores // max(1, workers)) if view.cores else bounds[1]
+        threads = now.threads
+        if want > threads:
+            threads, self._fewer_threads_since = min(want, room), None
+        elif want < threads:
+            since = self._fewer_threads_since
+            self._fewer_threads_since = since = since if since is not None else view.now
+            if view.now - since >= HOLD_S:
+                threads, self._fewer_threads_since = want, None
+        else:
+            self._fewer_threads_since = None
+        if threads > room:  # more workers than the cores hold at these threads: fewer threads now
+            threads = room
+        return max(bounds[0], min(bounds[1], threads))
 
     def _cap(self, now: float, cap: int, want: int, urgent_up: bool, urgent_down: bool) -> int:
         """The batch cap after hysteresis: ``want`` at once when urgent in its direction; else only once the law

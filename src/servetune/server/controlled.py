@@ -37,15 +37,20 @@ class ModelActuator:
 
     def __init__(self, model: ServedModel) -> None:
         self.model = model
-        self._held: tuple[int, float, int] | None = None
+        self._held: tuple[int, float, int, int] | None = None
         self._knobs: Knobs | None = None
+        # threads are a knob only when the controller moves them (bounds.threads): else 0, "as they are"
+        self._threads = model.control is not None and model.control.threads is not None
 
     def knobs(self) -> Knobs:
         """Read on every admission: built again only when a knob moved (a Knobs built costs ~1 µs)."""
-        batcher = self.model.batcher
-        held = (batcher.batch_size, batcher.max_delay_s, self.model.min_workers)
+        model = self.model
+        batcher = model.batcher
+        placement = model.placement.generation if self._threads else -1  # the threads change only with it
+        held = (batcher.batch_size, batcher.max_delay_s, model.min_workers, placement)
         if held != self._held or self._knobs is None:
-            self._held, self._knobs = held, Knobs(held[0], held[1] * 1000.0, held[2])
+            threads = model.placement.threads(model.key) if self._threads else 0
+            self._held, self._knobs = held, Knobs(held[0], held[1] * 1000.0, held[2], threads)
         return self._knobs
 
     def queue_length(self) -> int:
@@ -57,6 +62,12 @@ class ModelActuator:
     async def set_workers(self, workers: int) -> None:
         model = self.model
         await model.scale(workers, max(workers, model.max_workers))
+
+    def set_threads(self, threads: int) -> None:
+        self.model.set_threads(threads)
+
+    def cores(self) -> int:
+        return self.model.placement.spare_cores(self.model.key)
 
 
 async def check_reachable(model: ServedModel, settings: ControlSettings) -> float | None:

@@ -104,6 +104,13 @@ class ServedModel:
         self.plan = self.plan.with_config(config)
         self.batcher.reconfigure(batch_size, max_batch_delay_ms / 1000.0)
 
+    def set_threads(self, threads: int) -> None:
+        """Intra-op threads per worker from the next batch each worker runs (the controller's change); ApiError 400
+        when pinned workers would no longer fit the CPUs (nothing changes then)."""
+        plan = self.plan.with_config(replace(self.plan.config, num_threads=threads))
+        self.placement.demand(self.key, self.demand(self.min_workers, plan))
+        self.plan = plan
+
     async def reconfigure(self, change: Reconfigure) -> None:
         """Batch size and delay: from the next batch the batcher forms (the handler's context follows with it).
         Threads and pinning: from the next batch each worker runs. Inter-op threads: new workers, one at a time."""

@@ -63,6 +63,15 @@ class Placement:
         total = sum(d.workers for d in demands.values()) or 1
         return max(1, self.physical // total)
 
+    def spare_cores(self, key: tuple[str, str]) -> int:
+        """The cores a model's workers may take between them (its controller's bound on workers x threads): the
+        physical cores (pinned: the usable CPUs) less what the other models' workers take, their threads each (an
+        automatic share counts one: it shrinks as workers are added); at least 1."""
+        demand = self._demands.get(key)
+        total = len(self.cpus) if demand is not None and demand.pinned else self.physical
+        used = sum(d.workers * max(1, d.threads) for other, d in self._demands.items() if other != key)
+        return max(1, total - used)
+
     # ---- what one worker gets ----------------------------------------------------------------
 
     def threads(self, key: tuple[str, str]) -> int:

@@ -61,20 +61,21 @@ def knobs(config: Config) -> dict[str, int | bool]:
 
 def controller_section(sla: Sla, family: Family) -> dict[str, Any] | None:
     """The model-config.yaml ``controller:`` section for this family: its SLA (the per-request deadline's key), the
-    ranges the study searched as the bounds, shedding on; None when the study has no latency SLA."""
+    ranges the study searched as the bounds (threads per worker too, when it searched more than one explicit count),
+    shedding on; None when the study has no latency SLA."""
     limits = dict(sla.limits())
     key = next((k for k in ("p95_ms", "p99_ms", "mean_ms") if k in limits), None)
     if key is None:
         return None
-    return {
-        "slo": {key: limits[key]},
-        "bounds": {
-            "batch_size": [min(family.batch_sizes), max(family.batch_sizes)],
-            "max_batch_delay_ms": [min(family.batch_delays_ms), max(family.batch_delays_ms)],
-            "workers": [max(1, min(family.workers)), max(family.workers)],
-        },
-        "shed": True,
+    bounds: dict[str, list[int]] = {
+        "batch_size": [min(family.batch_sizes), max(family.batch_sizes)],
+        "max_batch_delay_ms": [min(family.batch_delays_ms), max(family.batch_delays_ms)],
+        "workers": [max(1, min(family.workers)), max(family.workers)],
     }
+    threads = sorted({t for t in family.threads if t > 0})  # 0: the server's automatic share, not a bound
+    if len(threads) > 1:  # searched: the controller moves them too
+        bounds["threads"] = [threads[0], threads[-1]]
+    return {"slo": {key: limits[key]}, "bounds": bounds, "shed": True}
 
 
 def write_deployment(
