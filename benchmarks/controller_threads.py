@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from controller_vs_baselines import Served, build_archive, call, resnet18  # noqa: E402
+from serve_overhead import tree_cpu_s  # noqa: E402
 
 from servetune.bench import BenchSpec, run_bench  # noqa: E402
 from servetune.bench.schedule import Schedule  # noqa: E402
@@ -57,15 +57,7 @@ DEPLOYMENTS = ("1x1", "2x1", "1x2", "controller")
 
 def server_cpu_s(server: EmbeddedServer) -> float:
     assert server.proc is not None
-    root = psutil.Process(server.proc.pid)
-    total = 0.0
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            times = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
+    return tree_cpu_s(server.proc.pid)
 
 
 class Runner:

@@ -103,8 +103,9 @@ class Controller:
         self.policy = make_policy(settings, actuator.knobs())
         self.meter = RateMeter()
         # one fit per thread count when the policy moves threads (a batch at 2 threads costs other than at 1); else
-        # one, under 0
-        self.fits: dict[int, ServiceFit] = {}
+        # one, under 0 (``_one``: read on every request without a lookup)
+        self._one = ServiceFit() if settings.threads is None else None
+        self.fits: dict[int, ServiceFit] = {0: self._one} if self._one is not None else {}
         self.log = DecisionLog(settings.log, settings.log_max_bytes)
         self.started = clock()
         self.inflight: dict[str, tuple[float, float, int]] = {}  # worker -> (dispatched at, predicted ms, threads)
@@ -149,11 +150,13 @@ class Controller:
 
     def _threads_key(self) -> int:
         """The fit a batch dispatched now belongs to: its threads per worker when the policy moves them, else 0."""
-        return self.actuator.knobs().threads if self.settings.threads is not None else 0
+        return 0 if self._one is not None else self.actuator.knobs().threads
 
     @property
     def fit(self) -> ServiceFit:
         """The fit of the threads per worker now (the only one, when threads are not moved)."""
+        if self._one is not None:
+            return self._one
         key = self._threads_key()
         fit = self.fits.get(key)
         if fit is None:
@@ -323,7 +326,7 @@ class Controller:
         if math.isnan(actual_ms):
             return
         key = running[2] if running is not None else self._threads_key()  # the threads the batch ran with
-        fit = self.fits.get(key)
+        fit = self._one or self.fits.get(key)
         if fit is None:
             fit = self.fits[key] = ServiceFit()
         fit.add(size, actual_ms)
