@@ -53,6 +53,10 @@ class Cost:
     def t(self, n: float) -> float:
         return self.a_ms + self.b_ms * n
 
+    def scaled(self, factor: float) -> Cost:
+        """Every batch ``factor`` times as long."""
+        return Cost(self.a_ms * factor, self.b_ms * factor)
+
 
 @dataclass(frozen=True)
 class LawResult:
@@ -150,8 +154,7 @@ def rescaled(cost: Cost, measured_threads: int, threads: int) -> Cost:
     if threads == measured_threads or measured_threads < 1 or threads < 1:
         return cost
     ratio = measured_threads / threads
-    factor = ratio if threads < measured_threads else math.sqrt(ratio)
-    return Cost(cost.a_ms * factor, cost.b_ms * factor)
+    return cost.scaled(ratio if threads < measured_threads else math.sqrt(ratio))
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,7 @@ def thread_cost(fits: dict[int, ServiceFit], threads: int, batch_bounds: tuple[i
     seen = own.mean() if own is not None else None
     if seen is not None and cost.t(seen[0]) > 0:  # the guessed line through what was measured at this count
         scale = seen[1] / cost.t(seen[0])
-        cost = Cost(cost.a_ms * scale, cost.b_ms * scale)
-        cautious = Cost(cautious.a_ms * scale, cautious.b_ms * scale)
+        cost, cautious = cost.scaled(scale), cautious.scaled(scale)
     largest = max(base.largest, own.largest if own is not None else 0)
     return ThreadCost(cost, cautious, measured_bounds(batch_bounds, largest))
 

@@ -89,8 +89,7 @@ class SloPolicy:
                 # at once (within the cores), as the law would; b need not be told for that
                 if s.threads is not None and wait_factor(now.workers) * per_request > budget:
                     threads = self._threads(view, now.threads + 1, now.workers)
-            if self._started and cap >= now.batch_size:  # a smaller cap applies at once; the registered one is never
-                # exceeded
+            if self._started and cap >= now.batch_size:  # a smaller cap applies at once; never above the registered
                 return Decision(replace(now, threads=threads), why) if threads != now.threads else None
             self._started = True  # before any batch: the registered knobs within bounds, no delay
             first = Knobs(cap, float(s.max_batch_delay_ms[0]), now.workers, threads)
