@@ -164,6 +164,29 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     assert back is not None and back.knobs == low  # ... for WORKERS_HOLD_S
 
 
+def test_before_b_is_told_workers_follow_the_load_as_if_a_batch_cost_its_size() -> None:
+    # batches of one only, 25 ms each (b not told): each worker carries 0.8 / 25 ms = 32 req/s if nothing batches
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 4]}}
+    fit = ServiceFit()
+    for _ in range(5):
+        fit.add(1, 25.0)
+    # the cap: the largest batch safe if a batch cost its size, 2 x 25n <= 198 -> 3
+    policy = make_policy(parse_settings(raw), Knobs(3, 0.0, 1))
+    one = Knobs(3, 0.0, 1)
+    assert policy.decide(_view(0.0, 20.0, one, fit, raw)) is None  # 20 req/s: one worker holds it
+    up = policy.decide(_view(0.1, 70.0, one, fit, raw))  # 70 x 0.025 / 0.8 = 2.19: three workers, at once
+    assert up is not None and up.knobs == Knobs(3, 0.0, 3)
+    assert up.why["uncalibrated"]["workers"] == 3
+    queued = View(0.2, 0.2, 70.0, 40, 40, up.knobs, parse_settings(raw), fit, 0.0)  # a backlog is load too
+    more = policy.decide(queued)
+    assert more is not None and more.knobs.workers == 4  # (70 + 40) x 0.025 / 0.8 = 3.4, within the bounds' 4
+    assert policy.decide(_view(0.3, 5.0, more.knobs, fit, raw)) is None  # never fewer before b is told
+    # held workers (no bounds.workers): the guess moves nothing
+    held: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32]}}
+    policy = make_policy(parse_settings(held), Knobs(3, 0.0, 1))
+    assert policy.decide(_view(0.0, 500.0, one, fit, held)) is None
+
+
 def test_measured_bounds_keep_the_cap_within_twice_the_largest_batch_seen() -> None:
     assert measured_bounds((1, 32), 2) == (1, 4)
     assert measured_bounds((1, 32), 0) == (1, 2)  # nothing seen: as if batches of one

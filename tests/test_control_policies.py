@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from servetune._exceptions import ApiError
-from servetune.control import BatchSeen, Controller, Knobs, View, decisions, make_policy, parse_settings
-from servetune.control.controller import MIN_SHED_BATCHES, HeldKnobs
+from servetune.control import BatchSeen, Controller, Decision, Knobs, View, decisions, make_policy, parse_settings
+from servetune.control.controller import MIN_SHED_BATCHES, HeldKnobs, late_in_batch
 from servetune.control.decisions import DecisionLog
-from servetune.control.estimate import ServiceFit
+from servetune.control.estimate import ServiceFit, TailMeter
+from servetune.control.slo_policy import WORKERS_HOLD_S
 
 SLO = {"p99_ms": 100}
 
@@ -188,3 +189,79 @@ def test_before_b_is_told_the_cap_stays_within_what_a_proportional_cost_makes_sa
         slow.add(1, 150.0)
     decision = policy.decide(View(2.0, 2.0, 0.0, 0, 0, Knobs(3, 0.0, 2), settings, slow, 0.0))
     assert decision is not None and decision.knobs.batch_size == 2
+
+
+# ---- the tail checks the law --------------------------------------------------------------------------------------
+
+
+def test_late_requests_in_a_batch_by_hand() -> None:
+    # limit 98 ms: a batch that ran 64 ms is late for the requests that waited more than 34 ms
+    assert late_in_batch(15, 30.0, 64.0, 98.0) == 0  # the oldest waited 30: none
+    assert late_in_batch(15, 38.0, 64.0, 98.0) == 2  # 4 ms of its 38 past 34: 15 x 4/38 = 1.6 -> 2
+    assert late_in_batch(10, 68.0, 64.0, 98.0) == 5  # half its wait past 34
+    assert late_in_batch(3, 1.0, 120.0, 98.0) == 3  # the batch alone ran past the limit: every request
+    assert late_in_batch(1, 0.0, 99.0, 98.0) == 1
+
+
+def test_the_tail_meter_counts_the_last_seconds_and_forgets_on_clear() -> None:
+    tail = TailMeter(bin_s=0.5, window_s=5.0)
+    tail.add(0.1, 10, 0)
+    assert tail.share(0.2) == 0.0  # fewer than 20 answered: no share yet
+    tail.add(0.3, 90, 2)
+    assert tail.share(0.4) == pytest.approx(0.02)
+    tail.add(3.0, 100, 0)
+    assert tail.share(3.1) == pytest.approx(0.01)
+    assert tail.share(5.6) == 0.0  # the first bin left the window: 100 answered, none late
+    tail.add(5.7, 100, 5)
+    tail.clear()
+    assert tail.share(5.8) == 0.0
+
+
+def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_workers() -> None:
+    # a = 20, b = 5, SLA 200: at 100 req/s one worker holds the load (n_need 7 <= cap 15)
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
+    settings = parse_settings(raw)
+    fit = ServiceFit()
+    for n in (1, 4, 2, 8, 3, 6, 12):
+        fit.add(n, 20.0 + 5.0 * n)
+    policy = make_policy(settings, Knobs(15, 0.0, 1))
+
+    def at(now: float, knobs: Knobs, late: float) -> View:
+        return View(now, now, 100.0, 0, 0, knobs, settings, fit, 0.0, late_share=late)
+
+    one = Knobs(15, 0.0, 1)
+    assert policy.decide(at(0.0, one, 0.0)) is None
+    assert policy.decide(at(0.1, one, 0.01)) is None  # 1%: inside the P99's share
+    up = policy.decide(at(0.2, one, 0.02))  # 2% late: one more worker, at once
+    assert up is not None and up.knobs.workers == 2 and up.why["tail"] == {"late_share": 0.02, "workers": 2}
+    two = up.knobs
+    # the law asks for one worker again; a late answer in the window holds two, however long
+    for tick in range(300):
+        assert policy.decide(at(1.0 + tick * 0.1, two, 0.005)) is None
+    # none late: down to the law's one after WORKERS_HOLD_S (meanwhile the two workers' cap may move)
+    knobs, tick = two, 0
+    while knobs.workers == 2:
+        decision = policy.decide(at(40.0 + tick * 0.1, knobs, 0.0))
+        knobs = decision.knobs if decision is not None else knobs
+        tick += 1
+    assert tick * 0.1 == pytest.approx(WORKERS_HOLD_S + 0.1)
+    # at the bounds' most, late answers hold the workers there are
+    three = Knobs(knobs.batch_size, 0.0, 3)
+    assert policy.decide(at(70.0, three, 0.5)) is None
+
+
+def test_the_controller_counts_late_answers_and_forgets_them_when_the_workers_change() -> None:
+    async def main() -> None:
+        model = HeldKnobs(Knobs(8, 0.0, 1))
+        raw = {"slo": {"p99_ms": 100}, "bounds": {"batch_size": [1, 8], "workers": [1, 2]}}
+        controller = Controller("m", "1", parse_settings(raw), model)
+        for size, queued in ((8, 10.0), (8, 60.0), (4, 0.0), (4, 0.0)):  # 24 answered; 60 + 45 > 98: 8 x 7/60 -> 1
+            controller.dispatched("w1", size)
+            controller.finished("w1", size, "full", queued, math.nan, 45.0)
+        assert controller.view().late_share == pytest.approx(1 / 24)
+        assert controller.describe()["lateShare"] == pytest.approx(1 / 24, abs=1e-4)
+        controller.apply(controller.view(), Decision(Knobs(8, 0.0, 2), {}))  # a scale: the tail starts again
+        assert controller.view().late_share == 0.0
+        await controller.close()
+
+    asyncio.run(main())

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from http_client import Reply, call, wait_for
-from models import sleep_archive
+from models import sleep_archive, yaml_archive
 from servetune.control.controller import MIN_SHED_BATCHES
 from servetune.embedded import EmbeddedServer
 from servetune.hardware import physical_cores
@@ -346,3 +346,26 @@ def test_a_batch_of_one_too_slow_at_one_thread_gets_a_second_thread(tmp_path: Pa
         # every batch ran at 1 thread until the change, then at 2 (as the answers say), each logged with its threads
         assert ran[0] == 1 and ran[-1] == 2 and ran == sorted(ran)
         assert sum(r["size"] for r in logged if r["kind"] == "batch") == 27
+
+
+def test_a_light_model_whose_controller_moves_its_workers_forks_them_from_a_parent(tmp_path: Path) -> None:
+    """A handler that imports nothing heavy spawns its workers (~150 ms of a core each), unless its controller moves
+    its workers: then a worker asked for at a load step is forked from the model's parent in milliseconds."""
+    import psutil
+
+    store = tmp_path / "store"
+    moved = "controller:\n  slo: {p99_ms: 500}\n  bounds: {workers: [1, 2]}\n"
+    held = "controller:\n  slo: {p99_ms: 500}\n  bounds: {batch_size: [1, 8]}\n"
+    yaml_archive(store, "moved", moved)  # the echo handler: json only
+    yaml_archive(store, "held", held)
+    properties = {"disable_token_authorization": "true", "default_workers_per_model": "1"}
+    with EmbeddedServer(store, {"moved": "moved.mar", "held": "held.mar"}, properties) as server:
+        assert server.proc is not None
+        parents = {}
+        for name in ("moved", "held"):
+            assert predict(server, name, b"x").status == 200
+            [worker] = call("GET", f"{server.management_url}/models/{name}").json()[0]["workers"]
+            parents[name] = psutil.Process(worker["pid"]).ppid()
+        assert parents["held"] == server.proc.pid  # spawned by the frontend
+        assert parents["moved"] != server.proc.pid
+        assert "servetune.server.forkserver" in psutil.Process(parents["moved"]).cmdline()

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from servetune._exceptions import ApiError
 from servetune.control.decisions import DecisionLog
-from servetune.control.estimate import RateMeter, ServiceFit
+from servetune.control.estimate import RateMeter, ServiceFit, TailMeter
 from servetune.control.law import SLACK_MS, Cost, completion_ms
 from servetune.control.policy import BatchSeen, Decision, View, make_policy, thread_cost
 from servetune.control.settings import ControlSettings, Knobs
@@ -102,6 +102,7 @@ class Controller:
         self.clock = clock
         self.policy = make_policy(settings, actuator.knobs())
         self.meter = RateMeter()
+        self.tail = TailMeter()  # the share answered late lately: the law's predictions checked against the SLA
         # one fit per thread count when the policy moves threads (a batch at 2 threads costs other than at 1); else
         # one, under 0 (``_one``: read on every request without a lookup)
         self._one = ServiceFit() if settings.threads is None else None
@@ -179,6 +180,7 @@ class Controller:
             margin_ms=self.margin_ms,
             fits=self.fits,
             cores=self.actuator.cores() if self.settings.threads is not None else 0,
+            late_share=self.tail.share(now),
         )
 
     async def tick(self) -> None:
@@ -229,6 +231,7 @@ class Controller:
                 new = replace(new, workers=old.workers)  # one scale at a time
             else:
                 self._scaling = asyncio.create_task(self._scale(new.workers))
+                self.tail.clear()  # what came late with the workers before says nothing of these
         if new == old:
             return
         self.knob_changes += 1
@@ -330,6 +333,8 @@ class Controller:
         if fit is None:
             fit = self.fits[key] = ServiceFit()
         fit.add(size, actual_ms)
+        now = self.clock()
+        self.tail.add(now, size, late_in_batch(size, oldest_queue_ms, actual_ms, self.settings.target_ms - SLACK_MS))
         if not math.isnan(predicted_ms):
             error = actual_ms - predicted_ms
             self._err2 = ERROR_DECAY * self._err2 + (1.0 - ERROR_DECAY) * error * error
@@ -339,7 +344,7 @@ class Controller:
         known = None if math.isnan(predicted_ms) else predicted_ms
         if self.policy.observes:
             self.policy.observe(BatchSeen(size, reason, oldest_queue_ms, known, actual_ms, worker))
-        self.log.batch(self.clock() - self.started, worker, reason, size, oldest_queue_ms, known, actual_ms, key)
+        self.log.batch(now - self.started, worker, reason, size, oldest_queue_ms, known, actual_ms, key)
 
     # ---- describe ----------------------------------------------------------------------------
 
@@ -359,6 +364,7 @@ class Controller:
             "state": "fitted" if found is not None else ("measuring" if self.fit.count else "waiting"),
             "knobs": knobs.to_json(),
             "arrivalRate": round(self.meter.rate(now), 2),
+            "lateShare": round(self.tail.share(now), 4),
             **self._by_threads(),
             "fit": {
                 "a_ms": round(found[0], 3) if found else None,
@@ -377,6 +383,18 @@ class Controller:
         }
 
 
+def late_in_batch(size: int, oldest_queue_ms: float, actual_ms: float, limit_ms: float) -> int:
+    """How many of a batch's requests waited and ran past ``limit_ms``: its requests arrived over its oldest one's
+    wait, taken as evenly spread; those that waited more than ``limit - actual`` are late (the oldest, at least, when
+    it is)."""
+    if oldest_queue_ms + actual_ms <= limit_ms:
+        return 0
+    if oldest_queue_ms <= 0.0:
+        return size
+    waited_too_long = min(1.0, (oldest_queue_ms - max(0.0, limit_ms - actual_ms)) / oldest_queue_ms)
+    return max(1, min(size, math.ceil(size * waited_too_long - 1e-9)))
+
+
 def _fit_json(fit: ServiceFit) -> dict[str, Any]:
     found = fit.coefficients()
     return {
@@ -391,4 +409,4 @@ def _finite(value: float) -> float | None:
     return round(value, 3) if math.isfinite(value) else None
 
 
-__all__ = ["MIN_SHED_BATCHES", "REASONS", "Actuator", "Controller", "HeldKnobs"]
+__all__ = ["MIN_SHED_BATCHES", "REASONS", "Actuator", "Controller", "HeldKnobs", "late_in_batch"]

@@ -1,8 +1,9 @@
-"""What the controller measures as it serves: the arrival rate (:class:`RateMeter`) and each knob set's service time,
-a batch of n taking a + b·n (:class:`ServiceFit`, a least-squares fit that forgets old batches, with b's standard
-error and the largest batch it has seen, so that the law does not trust it far past what it measured).
+"""What the controller measures as it serves: the arrival rate (:class:`RateMeter`), the share of answers that came
+late (:class:`TailMeter`), and each knob set's service time, a batch of n taking a + b·n (:class:`ServiceFit`, a
+least-squares fit that forgets old batches, with b's standard error and the largest batch it has seen, so that the
+law does not trust it far past what it measured).
 
-Both are O(1) per request or batch: an arrival adds one to a counter, a batch updates a few sums.
+All are O(1) per request or batch: an arrival adds one to a counter, a batch updates a few sums.
 """
 
 from __future__ import annotations
@@ -44,6 +45,46 @@ class RateMeter:
             self._advance(b)
         elapsed = (self._n - 1) * self.bin_s + (now - b * self.bin_s)
         return sum(self._counts) / elapsed if elapsed > 0 else 0.0
+
+
+class TailMeter:
+    """The share of the requests answered over the last ``window_s`` that were late, counted in bins of ``bin_s``
+    (a batch's late requests as the controller estimates them: ``controller.late_in_batch``). ``clear`` forgets it
+    all (the workers changed: what was late with the ones before says little of these)."""
+
+    def __init__(self, bin_s: float = 0.5, window_s: float = 5.0) -> None:
+        self.bin_s = bin_s
+        self._n = max(2, round(window_s / bin_s))
+        self._done = [0] * self._n
+        self._late = [0] * self._n
+        self._bin = 0
+
+    def add(self, now: float, size: int, late: int) -> None:
+        b = int(now / self.bin_s)
+        if b != self._bin:
+            self._advance(b)
+        self._done[b % self._n] += size
+        self._late[b % self._n] += late
+
+    def _advance(self, b: int) -> None:
+        if b - self._bin >= self._n:
+            self.clear()
+        else:
+            for i in range(self._bin + 1, b + 1):
+                self._done[i % self._n] = self._late[i % self._n] = 0
+        self._bin = b
+
+    def clear(self) -> None:
+        self._done = [0] * self._n
+        self._late = [0] * self._n
+
+    def share(self, now: float, least: int = 20) -> float:
+        """Late over answered in the window; 0 while fewer than ``least`` requests were answered in it."""
+        b = int(now / self.bin_s)
+        if b != self._bin:
+            self._advance(b)
+        done = sum(self._done)
+        return sum(self._late) / done if done >= least else 0.0
 
 
 @dataclass
@@ -177,4 +218,4 @@ class ServiceFit:
         return mean_t * n / mean_n if n > mean_n else mean_t
 
 
-__all__ = ["RateMeter", "ServiceFit"]
+__all__ = ["RateMeter", "ServiceFit", "TailMeter"]

@@ -12,6 +12,12 @@ that the margin or the fit moves back and forth stays put. A smaller cap applies
 predicted to miss the SLA even with no margin. Changes under ``DEADBAND`` (and under one request or 1 ms) never
 apply: the knobs do not flap on a rate that wobbles.
 
+The tail checks the law: the law's worst case takes the workers' batches as staggered, and Poisson bursts at
+ρ = 0.8 queue past it. When more than ``TAIL_SHARE`` of the answers since the workers last changed (within 5 s) came
+late, one worker more than there are is asked at once (within bounds); while any came late, none fewer.
+
+Before b is told, the workers are as many as a batch costing in proportion to its size needs (up only).
+
 Threads per worker (only with ``bounds.threads``; ``law.decide_threads``): more at once, as far as the cores hold
 them beside the workers; fewer after ``HOLD_S``, or at once when more workers would not fit the cores otherwise.
 Before b is told, a batch of one that misses the SLA at the threads now asks for one more.
@@ -19,9 +25,11 @@ Before b is told, a batch of one that misses the SLA at the threads now asks for
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from servetune.control.law import (
+    RHO,
     SLACK_MS,
     Cost,
     LawResult,
@@ -38,6 +46,7 @@ from servetune.control.settings import ControlSettings, Knobs
 HOLD_S = 2.0
 WORKERS_HOLD_S = 20.0
 DEADBAND = 0.15  # relative change below which a knob stays
+TAIL_SHARE = 0.01  # late answers past this share of the recent ones (the P99 SLA's) ask for one worker more
 
 
 class SloPolicy:
@@ -77,6 +86,7 @@ class SloPolicy:
             cap = max(s.batch_size[0], min(s.batch_size[1], self.registered.batch_size))
             threads = now.threads if self._started else self._first_threads(view)
             seen = view.fit.mean()
+            workers = now.workers
             why: dict[str, object] = {"start": True}
             if seen is not None:
                 per_request = seen[1] / seen[0]
@@ -84,15 +94,23 @@ class SloPolicy:
                 safe = max(2, batch_cap(Cost(0.0, per_request), budget, s.max_batch_delay_ms[0], s.batch_size,
                                         view.knobs.workers))  # fmt: skip
                 cap = max(s.batch_size[0], min(cap, safe))
-                why = {"uncalibrated": {"per_request_ms": round(per_request, 3), "safe_cap": safe}}
+                guess: dict[str, object] = {"per_request_ms": round(per_request, 3), "safe_cap": safe}
+                why = {"uncalibrated": guess}
                 # with bounds.threads: a batch of one that misses the SLA at these threads asks for one more thread
                 # at once (within the cores), as the law would; b need not be told for that
                 if s.threads is not None and wait_factor(now.workers) * per_request > budget:
                     threads = self._threads(view, now.threads + 1, now.workers)
+                # workers: as many as the load needs if a batch costs in proportion to its size (the pessimistic
+                # guess, exact while batches are of one); up at once, never down before b is told
+                guessed = self._guessed_workers(view, per_request, threads)
+                if guessed > now.workers:
+                    workers = guessed
+                    guess["workers"] = guessed
             if self._started and cap >= now.batch_size:  # a smaller cap applies at once; never above the registered
-                return Decision(replace(now, threads=threads), why) if threads != now.threads else None
+                moved = replace(now, threads=threads, workers=workers)
+                return Decision(moved, why) if moved != now else None
             self._started = True  # before any batch: the registered knobs within bounds, no delay
-            first = Knobs(cap, float(s.max_batch_delay_ms[0]), now.workers, threads)
+            first = Knobs(cap, float(s.max_batch_delay_ms[0]), workers, threads)
             return Decision(first, why) if first != now else None
         self._started = True
         # a backlog is load too: what waits should drain within a second
@@ -108,6 +126,12 @@ class SloPolicy:
         }
         if s.threads is not None:
             why["threads"] = {str(k): [round(c.cost.a_ms, 3), round(c.cost.b_ms, 3)] for k, c in costs.items()}
+        # the tail checks the law: answers late past the SLA's share ask one worker more than the law, any late
+        # answer holds the workers there are
+        tail = self._tail_workers(view, want.workers)
+        if tail != want.workers:
+            why["tail"] = {"late_share": round(view.late_share, 4), "workers": tail}
+            want = replace(want, workers=tail)
         # workers: up at once, down after WORKERS_HOLD_S
         workers = now.workers
         if want.workers > now.workers:
@@ -160,6 +184,31 @@ class SloPolicy:
             costs, rate, s.target_ms, view.margin_ms, s.max_batch_delay_ms, view.workers_bounds, view.cores
         )
         return costs, law
+
+    def _tail_workers(self, view: View, law_workers: int) -> int:
+        """The law's workers checked against what came late lately (``view.late_share``, since the workers last
+        changed): more than TAIL_SHARE late (the SLA's P99 missed) asks one worker more than there are now, within
+        bounds (and the cores, at the threads now, when threads are moved); any late answer keeps the workers there
+        are. The law's worst case takes the workers' batches as staggered; Poisson bursts at ρ = 0.8 queue past it,
+        and only the answers show by how much."""
+        share, now = view.late_share, view.knobs.workers
+        if share <= 0.0:
+            return law_workers
+        low, high = view.workers_bounds
+        if self.settings.threads is not None and view.cores:
+            high = max(low, min(high, view.cores // max(1, view.knobs.threads)))
+        wanted = now + 1 if share > TAIL_SHARE else now
+        return max(law_workers, min(high, wanted))
+
+    def _guessed_workers(self, view: View, per_request_ms: float, threads: int) -> int:
+        """Before b is told: the fewest workers within bounds (and the cores, at ``threads`` each when threads are
+        moved) that keep each under RHO busy if every request costs ``per_request_ms`` alone (no batching gain)."""
+        low, high = view.workers_bounds
+        if self.settings.threads is not None and view.cores:
+            high = max(low, min(high, view.cores // max(1, threads)))
+        rate = view.rate + view.queue  # a backlog is load too, as the law has it
+        need = math.ceil(rate * per_request_ms / 1000.0 / RHO - 1e-9) if per_request_ms > 0 else low
+        return max(low, min(high, need))
 
     def _first_threads(self, view: View) -> int:
         """Before the fit tells b: the threads now, within bounds and the cores the workers now may share."""
@@ -215,4 +264,4 @@ def _far(new: float, old: float, floor: float) -> bool:
     return abs(new - old) > max(floor - 1e-9, DEADBAND * abs(old))
 
 
-__all__ = ["DEADBAND", "HOLD_S", "WORKERS_HOLD_S", "SloPolicy"]
+__all__ = ["DEADBAND", "HOLD_S", "TAIL_SHARE", "WORKERS_HOLD_S", "SloPolicy"]

@@ -34,13 +34,13 @@ class ServedModel:
         self.plan = plan
         self.model_dir = model_dir
         self.placement = placement
+        self.control = control  # the online controller's settings (None: knobs as configured)
         self.batcher = Batcher(plan.batch_size, plan.max_batch_delay_ms / 1000.0, plan.job_queue_size)
         # each batch's size is observed by the pool, where the batch ends
         self.pool = WorkerPool(self, metrics.batch_observer(plan.name, plan.version) if metrics is not None else None)
         self.min_workers = 0
         self.max_workers = 0
         self.accepting = True
-        self.control = control  # the online controller's settings (None: knobs as configured)
         self.controller: Controller | None = None  # started with the first workers
         self.batch1_ms: float | None = None  # measured at registration with ``controller.probe``
 

@@ -337,14 +337,19 @@ class Forking:
     spawning after it died :data:`PARENT_DEATHS` times or could not fork safely.
 
     ``setting`` is model-config.yaml's ``workerPreload`` (or the server's ``worker_preload``): ``auto`` forks from a
-    parent that loaded the model when the model's code uses torch (``heavy_imports``), ``model`` always does,
+    parent that loaded the model when the model's code uses torch (``heavy_imports``) or when its online controller
+    moves its workers (``scales``: a worker spawned takes ~150 ms of a core to start, at the moment the load rises;
+    one forked, ~6 ms), ``model`` always does,
     ``imports`` from one that imported the handler's modules only (each worker then loads the model itself), ``off``
     never. On a GPU the parent only imports (CUDA must never start in it); a model whose load leaves threads or files
     behind falls back to ``imports``, and one whose imports do to no parent."""
 
-    def __init__(self, model_name: str, setting: str, model_dir: Path, manifest: dict[str, Any]) -> None:
+    def __init__(
+        self, model_name: str, setting: str, model_dir: Path, manifest: dict[str, Any], scales: bool = False
+    ) -> None:
         self.model_name = model_name
         self.setting = setting
+        self.scales = scales
         self.model_dir = model_dir
         self.manifest = manifest
         self.parent: ModelParent | None = None
@@ -364,7 +369,7 @@ class Forking:
         if self.setting == "auto":
             if self._heavy is False:
                 self._heavy = await asyncio.to_thread(heavy_imports, self.manifest, self.model_dir)
-            if self._heavy is None:
+            if self._heavy is None and not self.scales:
                 self.disabled = "its code imports nothing heavy (workerPreload auto)"
                 startup_log.debug(
                     "start-up: model %s: workers start without a parent: %s", self.model_name, self.disabled

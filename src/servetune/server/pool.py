@@ -66,7 +66,9 @@ class WorkerPool:
         self._next_slot = 0
         self._lock = asyncio.Lock()
         self._starting: set[WorkerProcess] = set()  # workers loading their model (killed by ``close``)
-        self.forking = Forking(model.name, model.plan.worker_preload, model.model_dir, model.plan.manifest)
+        control = model.control  # an online controller that moves the workers wants them started in milliseconds
+        scales = control is not None and control.workers is not None and control.workers[0] < control.workers[1]
+        self.forking = Forking(model.name, model.plan.worker_preload, model.model_dir, model.plan.manifest, scales)
         self.closed = False
 
     # ---- state -------------------------------------------------------------------------------
