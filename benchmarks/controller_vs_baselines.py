@@ -5,6 +5,9 @@
     python benchmarks/controller_vs_baselines.py --model resnet18 --quick --sla-x 5 [--decisions DIR]
 
 ``--decisions DIR`` keeps each run's decision log (``m<run>-<policy>.jsonl``: every batch and knob change).
+``--cpu-pairs N`` then replays the moving trace N times each for the controller and static, in ABBA order, and
+prints their CPU per 1,000 good answers pair by pair (the median ratio and each pair's; one run each decides nothing:
+two policies serving the same batches measured 0.97 and 0.78 in one run).
 
 ``--model cost`` (default) is a known-cost model: each batch of n sleeps a + b·n ms (25 + 2.5n by default), so batching
 matters and the right answers can be computed. ``--model resnet18`` is ResNet-18 on the CPU (random weights, seed 0)
@@ -324,6 +327,7 @@ class Bench:
             "windows_in_sla": result.slo.windows_share,
             "cpu_s_per_1000": 1000.0 * cpu / max(1, int(good.sum())),
             "knob_changes": int(controller.get("knobChanges", 0)),
+            "batches": int(sum(controller.get("batches", {}).values())),
             "shed": int(controller.get("shed", 0)),
             "p99_ms": result.latency.p99_ms if result.latency else math.nan,
         }
@@ -456,6 +460,34 @@ def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any
     }
 
 
+def cpu_pairs(bench: Bench, setup: Setup, c: float, seed: int, pairs: int, log: Any) -> dict[str, Any]:
+    """CPU per 1,000 good answers, controller against static, on the same moving trace, ``pairs`` times each in ABBA
+    order (controller, static, static, controller, ...): a drift of the machine over the minutes falls on both alike.
+    Each pair's ratio, their median and range, and each run's batches (the knobs' share of the CPU)."""
+    parts = phases(setup, c)
+    moving = schedule_of(parts, seed)
+    mean_rate = len(moving) / moving.duration_s
+    sections = {p: controller_section(setup, p, c, parts, mean_rate) for p in ("controller", "static")}
+    runs: dict[str, list[dict[str, Any]]] = {"controller": [], "static": []}
+    for i in range(pairs):
+        for policy in ("controller", "static") if i % 2 == 0 else ("static", "controller"):
+            run = bench.run(sections[policy], moving, setup.workers)
+            runs[policy].append(run)
+            log(f"  cpu pair {i + 1}, {policy}: {run['cpu_s_per_1000']:.3f} CPU-s/1000 good, {run['batches']} batches")
+    ratios = [
+        mine["cpu_s_per_1000"] / theirs["cpu_s_per_1000"]
+        for mine, theirs in zip(runs["controller"], runs["static"], strict=True)
+    ]
+    return {
+        "ratios": [round(r, 3) for r in ratios],
+        "median_ratio": round(float(np.median(ratios)), 3),
+        "controller_cpu_s_per_1000": [round(r["cpu_s_per_1000"], 3) for r in runs["controller"]],
+        "static_cpu_s_per_1000": [round(r["cpu_s_per_1000"], 3) for r in runs["static"]],
+        "controller_batches": [r["batches"] for r in runs["controller"]],
+        "static_batches": [r["batches"] for r in runs["static"]],
+    }
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("policy", "attain %", "win %", "recov s", "scale", "ovl gp", "ovl rec s", "CPU-s/1k", "changes", "P99 ms")
     lines = [" ".join(f"{h:>10}" for h in head)]
@@ -495,6 +527,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--decisions", type=Path, default=None, help="write each run's decision log (JSONL) here")
+    parser.add_argument(
+        "--cpu-pairs",
+        type=int,
+        default=0,
+        help="then the moving trace this many times each for controller and static, in ABBA order: CPU ratios",
+    )
     args = parser.parse_args()
     quick = args.quick
     setup = Setup(
@@ -552,13 +590,22 @@ def main() -> None:
             log(f"order: {', '.join(order)}")
             by_policy = {policy: score(bench, setup, policy, c, args.seed, log) for policy in order}
             rows = [by_policy[policy] for policy in policies]
+            pairs = cpu_pairs(bench, setup, c, args.seed, args.cpu_pairs, log) if args.cpu_pairs else None
     print()
     print(f"{served.label}: cost {setup.cost.a_ms:.1f} + {setup.cost.b_ms:.2f}·n ms, {setup.workers} workers, SLA "
           f"P99 {setup.sla_ms:g} ms, C = {c:.0f} req/s, moving trace {setup.seconds:g} s")  # fmt: skip
     print(table(rows))
+    if pairs is not None:
+        ratios = pairs["ratios"]
+        print(
+            f"CPU per 1,000 good, controller / static, {len(ratios)} ABBA pairs: median {pairs['median_ratio']:.3f} "
+            f"(pairs {', '.join(f'{r:.3f}' for r in ratios)}); batches {pairs['controller_batches']} against "
+            f"{pairs['static_batches']}"
+        )
     log(f"done; loadavg after: {open('/proc/loadavg').read().split()[:3]}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=2))
+    if args.json is not None:  # the rows; with --cpu-pairs, {"rows": [...], "cpu_pairs": {...}}
+        out: Any = rows if pairs is None else {"rows": rows, "cpu_pairs": pairs}
+        args.json.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
