@@ -156,6 +156,7 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     assert policy.decide(_view(0.0, 20.0, low, fit, raw)) is None
     step = policy.decide(_view(1.0, 200.0, low, fit, raw))
     assert step is not None and step.knobs == Knobs(22, 0.0, 2)  # at the next tick: 200 / 126.3 -> 2 workers
+    assert step.why["margin_ms"] == 0.0 and step.why["law"]["worst_ms"] == pytest.approx(1.5 * (20 + 5 * 22))
     high = step.knobs
     assert policy.decide(_view(1.1, 200.0 * 1.05, high, fit, raw)) is None  # no flap
     assert policy.decide(_view(2.0, 20.0, high, fit, raw)) is None  # the load fell: held ...

@@ -123,6 +123,7 @@ class SloPolicy:
             "b_ms": round(cost.b_ms, 3),
             "b_cautious_ms": round(cautious.b_ms, 3),
             "largest": view.fit.largest,
+            "margin_ms": round(view.margin_ms, 2),
         }
         if s.threads is not None:
             why["threads"] = {str(k): [round(c.cost.a_ms, 3), round(c.cost.b_ms, 3)] for k, c in costs.items()}
