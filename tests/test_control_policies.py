@@ -265,3 +265,16 @@ def test_the_controller_counts_late_answers_and_forgets_them_when_the_workers_ch
         await controller.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(("slo", "late", "workers"), [("p95_ms", 0.02, 1), ("p95_ms", 0.06, 2), ("mean_ms", 0.5, 1)])
+def test_the_tail_is_checked_against_the_slas_own_share(slo: str, late: float, workers: int) -> None:
+    # a P95 SLA allows 5% late; a mean SLA has no tail to check (the law's one worker holds 100 req/s, as above)
+    raw: dict[str, object] = {"slo": {slo: 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
+    settings = parse_settings(raw)
+    fit = ServiceFit()
+    for n in (1, 4, 2, 8, 3, 6, 12):
+        fit.add(n, 20.0 + 5.0 * n)
+    policy = make_policy(settings, Knobs(15, 0.0, 1))
+    decision = policy.decide(View(0.0, 0.0, 100.0, 0, 0, Knobs(15, 0.0, 1), settings, fit, 0.0, late_share=late))
+    assert (decision.knobs.workers if decision is not None else 1) == workers

@@ -13,8 +13,9 @@ predicted to miss the SLA even with no margin. Changes under ``DEADBAND`` (and u
 apply: the knobs do not flap on a rate that wobbles.
 
 The tail checks the law: the law's worst case takes the workers' batches as staggered, and Poisson bursts at
-ρ = 0.8 queue past it. When more than ``TAIL_SHARE`` of the answers since the workers last changed (within 5 s) came
-late, one worker more than there are is asked at once (within bounds); while any came late, none fewer.
+ρ = 0.8 queue past it. When more than the SLA's share (``TAIL_SHARE``: 1% for a P99, 5% for a P95; a mean has no
+tail to check) of the answers since the workers last changed (within 5 s) came late, one worker more than there are
+is asked at once (within bounds); while any came late, none fewer.
 
 Before b is told, the workers are as many as a batch costing in proportion to its size needs (up only).
 
@@ -46,7 +47,8 @@ from servetune.control.settings import ControlSettings, Knobs
 HOLD_S = 2.0
 WORKERS_HOLD_S = 20.0
 DEADBAND = 0.15  # relative change below which a knob stays
-TAIL_SHARE = 0.01  # late answers past this share of the recent ones (the P99 SLA's) ask for one worker more
+# late answers past the SLA's share of the recent ones ask for one worker more (a mean SLA has no tail to check)
+TAIL_SHARE = {"p99_ms": 0.01, "p95_ms": 0.05}
 
 
 class SloPolicy:
@@ -188,17 +190,18 @@ class SloPolicy:
 
     def _tail_workers(self, view: View, law_workers: int) -> int:
         """The law's workers checked against what came late lately (``view.late_share``, since the workers last
-        changed): more than TAIL_SHARE late (the SLA's P99 missed) asks one worker more than there are now, within
-        bounds (and the cores, at the threads now, when threads are moved); any late answer keeps the workers there
-        are. The law's worst case takes the workers' batches as staggered; Poisson bursts at ρ = 0.8 queue past it,
-        and only the answers show by how much."""
+        changed): more than the SLA's share late (TAIL_SHARE: its percentile missed) asks one worker more than there
+        are, within bounds (and the cores, at the threads now, when threads are moved); any late answer keeps the
+        workers there are. The law's worst case takes the workers' batches as staggered; Poisson bursts at ρ = 0.8
+        queue past it, and only the answers show by how much."""
         share, now = view.late_share, view.knobs.workers
-        if share <= 0.0:
+        allowed = TAIL_SHARE.get(self.settings.target)
+        if share <= 0.0 or allowed is None:
             return law_workers
         low, high = view.workers_bounds
         if self.settings.threads is not None and view.cores:
             high = max(low, min(high, view.cores // max(1, view.knobs.threads)))
-        wanted = now + 1 if share > TAIL_SHARE else now
+        wanted = now + 1 if share > allowed else now
         return max(law_workers, min(high, wanted))
 
     def _guessed_workers(self, view: View, per_request_ms: float, threads: int) -> int:
