@@ -12,79 +12,74 @@ import math
 from dataclasses import dataclass
 
 
-class RateMeter:
+class _Bins:
+    """Counters over the last ``window_s``, in bins of ``bin_s`` (a ring per counter): :meth:`_bin_at` moves the
+    ring to ``now``, emptying the bins it passes."""
+
+    def __init__(self, bin_s: float, window_s: float, counters: int) -> None:
+        self.bin_s = bin_s
+        self._n = max(2, round(window_s / bin_s))
+        self._rings = [[0] * self._n for _ in range(counters)]
+        self._bin = 0
+
+    def _bin_at(self, now: float) -> int:
+        b = int(now / self.bin_s)
+        if b != self._bin:
+            if b - self._bin >= self._n:
+                self.clear()
+            else:
+                for ring in self._rings:
+                    for i in range(self._bin + 1, b + 1):
+                        ring[i % self._n] = 0
+            self._bin = b
+        return b
+
+    def clear(self) -> None:
+        for ring in self._rings:  # in place: a subclass may hold a ring by name
+            ring[:] = [0] * self._n
+
+
+class RateMeter(_Bins):
     """Arrivals per second over the last ``window_s``, counted in bins of ``bin_s``: a step in the load shows in full
     after ``window_s`` (0.5 s by default), and half of it after half that."""
 
     def __init__(self, bin_s: float = 0.05, window_s: float = 0.5) -> None:
-        self.bin_s = bin_s
-        self._n = max(2, round(window_s / bin_s))
-        self._counts = [0] * self._n
-        self._bin = 0
+        super().__init__(bin_s, window_s, 1)
+        self._counts = self._rings[0]
         self.total = 0
 
-    def arrive(self, now: float) -> None:
+    def arrive(self, now: float) -> None:  # on every request's path: the ring moves only when the bin changes
         b = int(now / self.bin_s)
         if b != self._bin:
-            self._advance(b)
+            self._bin_at(now)
         self._counts[b % self._n] += 1
         self.total += 1
 
-    def _advance(self, b: int) -> None:
-        if b - self._bin >= self._n:
-            self._counts = [0] * self._n
-        else:
-            for i in range(self._bin + 1, b + 1):
-                self._counts[i % self._n] = 0
-        self._bin = b
-
     def rate(self, now: float) -> float:
         """Arrivals per second: the full bins of the window, and the current bin's part elapsed."""
-        b = int(now / self.bin_s)
-        if b != self._bin:
-            self._advance(b)
+        b = self._bin_at(now)
         elapsed = (self._n - 1) * self.bin_s + (now - b * self.bin_s)
         return sum(self._counts) / elapsed if elapsed > 0 else 0.0
 
 
-class TailMeter:
+class TailMeter(_Bins):
     """The share of the requests answered over the last ``window_s`` that were late, counted in bins of ``bin_s``
     (a batch's late requests as the controller estimates them: ``controller.late_in_batch``). ``clear`` forgets it
     all (the workers changed: what was late with the ones before says little of these)."""
 
     def __init__(self, bin_s: float = 0.5, window_s: float = 5.0) -> None:
-        self.bin_s = bin_s
-        self._n = max(2, round(window_s / bin_s))
-        self._done = [0] * self._n
-        self._late = [0] * self._n
-        self._bin = 0
+        super().__init__(bin_s, window_s, 2)  # answered, late
 
     def add(self, now: float, size: int, late: int) -> None:
-        b = int(now / self.bin_s)
-        if b != self._bin:
-            self._advance(b)
-        self._done[b % self._n] += size
-        self._late[b % self._n] += late
-
-    def _advance(self, b: int) -> None:
-        if b - self._bin >= self._n:
-            self.clear()
-        else:
-            for i in range(self._bin + 1, b + 1):
-                self._done[i % self._n] = self._late[i % self._n] = 0
-        self._bin = b
-
-    def clear(self) -> None:
-        self._done = [0] * self._n
-        self._late = [0] * self._n
+        i = self._bin_at(now) % self._n
+        self._rings[0][i] += size
+        self._rings[1][i] += late
 
     def share(self, now: float, least: int = 20) -> float:
         """Late over answered in the window; 0 while fewer than ``least`` requests were answered in it."""
-        b = int(now / self.bin_s)
-        if b != self._bin:
-            self._advance(b)
-        done = sum(self._done)
-        return sum(self._late) / done if done >= least else 0.0
+        self._bin_at(now)
+        done = sum(self._rings[0])
+        return sum(self._rings[1]) / done if done >= least else 0.0
 
 
 @dataclass

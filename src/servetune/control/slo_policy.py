@@ -198,21 +198,23 @@ class SloPolicy:
         allowed = TAIL_SHARE.get(self.settings.target)
         if share <= 0.0 or allowed is None:
             return law_workers
-        low, high = view.workers_bounds
-        if self.settings.threads is not None and view.cores:
-            high = max(low, min(high, view.cores // max(1, view.knobs.threads)))
         wanted = now + 1 if share > allowed else now
-        return max(law_workers, min(high, wanted))
+        return max(law_workers, min(self._most_workers(view, view.knobs.threads), wanted))
 
     def _guessed_workers(self, view: View, per_request_ms: float, threads: int) -> int:
         """Before b is told: the fewest workers within bounds (and the cores, at ``threads`` each when threads are
         moved) that keep each under RHO busy if every request costs ``per_request_ms`` alone (no batching gain)."""
+        low = view.workers_bounds[0]
+        rate = view.rate + view.queue  # a backlog is load too, as the law has it
+        need = math.ceil(rate * per_request_ms / 1000.0 / RHO - 1e-9) if per_request_ms > 0 else low
+        return max(low, min(self._most_workers(view, threads), need))
+
+    def _most_workers(self, view: View, threads: int) -> int:
+        """The bounds' most workers, and when threads are moved no more than the cores hold at ``threads`` each."""
         low, high = view.workers_bounds
         if self.settings.threads is not None and view.cores:
             high = max(low, min(high, view.cores // max(1, threads)))
-        rate = view.rate + view.queue  # a backlog is load too, as the law has it
-        need = math.ceil(rate * per_request_ms / 1000.0 / RHO - 1e-9) if per_request_ms > 0 else low
-        return max(low, min(high, need))
+        return high
 
     def _first_threads(self, view: View) -> int:
         """Before the fit tells b: the threads now, within bounds and the cores the workers now may share."""
