@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -21,6 +22,7 @@ from servetune._exceptions import ApiError
 from servetune.cli import cli
 from servetune.config.server import ServerConfig
 from servetune.ray import ModelPlan, ServedModel, plan_models, serve_config
+from servetune.ray.controller import without_traceback
 from servetune.ray.serve_config import FrontendArgs, ModelArgs, max_ongoing_requests
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -174,6 +176,55 @@ def test_the_replica_queue_holds_two_batches_unless_the_model_config_says(tmp_pa
     assert apps["one"]["deployments"][0]["max_ongoing_requests"] == 4
     with pytest.raises(ApiError, match=r"rayOngoingBatches=0: expected an integer 1\.\.64"):
         plan_models(_config(tmp_path), ("bad.mar",))
+
+
+CONTROLLED = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 16]}, "shed": True}
+
+
+@pytest.mark.parametrize(
+    ("controller", "key"),
+    [
+        ({**CONTROLLED, "bounds": {"workers": [1, 4]}}, "controller.bounds.workers"),
+        ({**CONTROLLED, "bounds": {"threads": [1, 2]}}, "controller.bounds.threads"),
+        ({**CONTROLLED, "policy": "queue"}, "controller.policy"),
+        ({**CONTROLLED, "policy": "static", "static": {"batch_size": 4, "workers": 2}}, "controller.static.workers"),
+        ({**CONTROLLED, "policy": "oracle", "phases": [{"batch_size": 2, "workers": 3}]}, "controller.phases"),
+        ({**CONTROLLED, "slo": {"p99_ms": -1}}, "controller.slo.p99_ms"),
+    ],
+)
+def test_a_controller_setting_a_replica_cannot_honour_is_refused_naming_the_key(
+    tmp_path: Path, controller: dict[str, Any], key: str
+) -> None:
+    sleep_archive(tmp_path, model_config={"controller": controller})
+    with pytest.raises(ApiError, match=re.escape(key)) as refused:
+        plan_models(_config(tmp_path), ("sleep.mar",))
+    assert refused.value.status == 400
+
+
+def test_a_controlled_replica_holds_two_batches_at_the_controllers_largest(tmp_path: Path) -> None:
+    # workers [1, 1]: one worker is what each replica's controller sees of itself; the replicas stay Ray's to scale
+    bounds = {"batch_size": [1, 16], "workers": [1, 1]}
+    sleep_archive(tmp_path, model_config={"batchSize": 4, "controller": {**CONTROLLED, "bounds": bounds}})
+    [model] = plan_models(_config(tmp_path), ("sleep.mar",))
+    version = model.get(None)
+    assert version.control is not None and version.control.shed and version.batch_limit == 16
+    [app] = serve_config([model])["applications"][1:]
+    assert app["deployments"][0]["max_ongoing_requests"] == 32  # two batches of the controller's upper bound
+    assert app["deployments"][0]["user_config"]["batch_size"] == 4  # the registered size, until the controller moves
+
+
+def test_a_replicas_load_failure_is_told_without_the_stacks_ray_quotes() -> None:
+    message = (
+        "The deployment failed to start 3 times in a row. See controller logs for details. Error:\n"
+        "ray::ServeReplica:m:m_v1_0.initialize_and_get_metadata() (pid=7861)\n"
+        'Traceback (most recent call last):\n  File "replica.py", line 133, in __init__\n    check(x)\n'
+        "servetune._exceptions.ConfigError: controller.slo.p99_ms=100 is below the model's batch-1 time\n"
+    )
+    assert without_traceback(message) == (
+        "The deployment failed to start 3 times in a row. See controller logs for details. Error: "
+        "servetune._exceptions.ConfigError: controller.slo.p99_ms=100 is below the model's batch-1 time"
+    )
+    assert without_traceback("no replicas could be placed") == "no replicas could be placed"
 
 
 def _two_versions(store: Path) -> ModelPlan:

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -34,6 +35,19 @@ from servetune.bench import BenchSpec, run_bench  # noqa: E402
 from servetune.embedded import EmbeddedServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+# 100 ms a batch whatever its size, registered at batch 4 and a delay of 400 ms; the controller's bounds hold the delay
+# at 0, and its SLA (P99 280 ms) lets a request wait for one batch and run in the next: in a burst of six, those
+# behind two batches cannot make it and are shed
+CONTROLLED: dict[str, Any] = {
+    "batchSize": 4,
+    "maxBatchDelay": 400,
+    "controller": {
+        "slo": {"p99_ms": 280},
+        "bounds": {"batch_size": [1, 4], "max_batch_delay_ms": [0, 0]},
+        "shed": True,
+    },
+}
 
 
 def _post(url: str, body: bytes = b"hello", timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
@@ -60,6 +74,11 @@ def server(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -
     sleep_archive(store, batch_ms=100, model_config={"batchSize": 4, "maxBatchDelay": 150})
     sleep_archive(store, name="other", batch_ms=1)
     sleep_archive(store, name="late", batch_ms=1)
+    sleep_archive(store, name="ctl", batch_ms=100, model_config=CONTROLLED)
+    refused = {**CONTROLLED, "controller": {**CONTROLLED["controller"], "bounds": {"workers": [1, 2]}}}
+    sleep_archive(store, name="ctlbad", batch_ms=1, model_config=refused)
+    slow = {"controller": {"slo": {"p99_ms": 100}, "probe": "x"}}  # a batch of one takes 300 ms: no SLA of 100 holds
+    sleep_archive(store, name="ctlslow", batch_ms=300, model_config=slow)
     properties = {"disable_token_authorization": "true", "default_workers_per_model": "1", "enable_model_api": "true"}
     running = EmbeddedServer(
         store,
@@ -165,6 +184,69 @@ def test_tuner_tunes_the_ray_deployment_through_its_management_api(server: Embed
     status, described = _get(f"{server.management_url}/models/sleep")
     assert (described[0]["batchSize"], described[0]["maxBatchDelay"], len(described[0]["workers"])) == (4, 150, 1)
     assert Client(server).predict(b"after tuning")[0] == 200
+
+
+def test_each_replica_runs_the_controller_moves_its_batching_and_sheds(server: EmbeddedServer) -> None:
+    management = server.management_url
+    # what a replica cannot move is refused at registration, naming the key
+    status, answer = _get(f"{management}/models?url=ctlbad.mar&initial_workers=1&synchronous=true", method="POST")
+    assert status == 400 and "controller.bounds.workers" in answer["message"], answer
+    # an SLA the model cannot make: the replica's probe fails its load, and the registration with it
+    status, answer = _get(f"{management}/models?url=ctlslow.mar&initial_workers=1&synchronous=true", method="POST")
+    assert "Traceback" not in answer["message"], answer  # Ray's own line and the exception's: no Python stack
+    assert status == 500 and "controller.slo.p99_ms=100 is below the model's batch-1 time" in answer["message"], answer
+    assert _get(f"{management}/models/ctlslow")[0] == 404  # nothing left registered
+    status, answer = _get(f"{management}/models?url=ctl.mar&initial_workers=1&synchronous=true", method="POST")
+    assert status == 200, answer
+    try:
+        url = f"{server.inference_url}/predictions/ctl"
+        for i in range(6):  # the fit learns t(1) = 100 ms (a cold model sheds nothing meanwhile)
+            status, headers, _ = _post(url, f"warm{i}".encode())
+            assert status == 200
+        # the controller took the delay from the registered 400 ms to its bound, 0: a request alone waits no batch
+        assert float(headers["x-servetune-queue-ms"]) < 150, headers
+
+        def timed(i: int) -> tuple[int, dict[str, str], float]:
+            started = time.monotonic()
+            status, headers, _ = _post(url, f"b{i}".encode())
+            return status, headers, time.monotonic() - started
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(timed, range(6)))
+        served = [r for r in results if r[0] == 200]
+        shed = [r for r in results if r[0] == 503]
+        assert len(served) + len(shed) == 6 and len(served) >= 2 and len(shed) >= 2, results
+        for _, headers, seconds in shed:
+            assert seconds < 0.5 and int(headers["retry-after"]) >= 1, (seconds, headers)
+
+        def described() -> dict[str, Any]:
+            status, answer = _get(f"{management}/models/ctl")
+            assert status == 200, answer
+            block: dict[str, Any] = answer[0]["controller"]
+            return block
+
+        [pid] = [str(w["pid"]) for w in _get(f"{management}/models/ctl")[1][0]["workers"]]
+
+        def reported_shed() -> bool:
+            return bool(described()["replicas"].get(pid, {}).get("shed", 0) >= len(shed))
+
+        wait_for(reported_shed, 10, "the replica's report of the requests it shed")
+        replica = described()["replicas"][pid]
+        # the delay at its bound; the cap within bounds (the fit tells b = 0 once a batch of two or more has run)
+        assert replica["knobs"]["max_batch_delay_ms"] == 0 and replica["knobs"]["workers"] == 1, replica
+        assert 1 <= replica["knobs"]["batch_size"] <= 4, replica
+        assert replica["knobChanges"] >= 1 and replica["fit"]["batches"] >= 6
+        assert described()["settings"]["shed"] is True
+        shed_line = f'servetune_controller_shed_total{{model_name="ctl",model_version="1.0",worker_id="{pid}"}}'
+
+        def exported_shed() -> list[str]:  # the driver sums the replicas' reports every second
+            with urllib.request.urlopen(f"{server.metrics_url}/metrics", timeout=30) as response:
+                lines = response.read().decode().splitlines()
+            return [line for line in lines if line.startswith(shed_line) and float(line.split()[-1]) >= len(shed)]
+
+        wait_for(exported_shed, 10, shed_line)
+    finally:
+        _get(f"{management}/models/ctl/1.0", method="DELETE")
 
 
 def test_driver_stops_cleanly_and_removes_the_replicas(server: EmbeddedServer) -> None:

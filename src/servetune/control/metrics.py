@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -22,26 +22,31 @@ LABELS = ["model_name", "model_version"]
 
 
 class ControllerMetrics:
-    def __init__(self, controllers: Callable[[], list[Controller]]) -> None:
+    """``controllers``: read at each scrape; ``labels``: more labels on every sample (a Ray replica's ``worker_id``)."""
+
+    def __init__(self, controllers: Callable[[], list[Controller]], labels: Mapping[str, str] | None = None) -> None:
         self._controllers = controllers
+        self._names = list(labels or {})
+        self._values = list((labels or {}).values())
 
     def collect(self) -> Iterator[Metric]:
         p = "servetune_controller_"
-        batches = CounterMetricFamily(p + "batches", "Batches dispatched, by reason", labels=[*LABELS, "reason"])
-        shed = CounterMetricFamily(p + "shed", "Requests shed: predicted to miss their deadline", labels=LABELS)
-        changes = CounterMetricFamily(p + "knob_changes", "Knob changes the controller made", labels=LABELS)
-        predicted = CounterMetricFamily(p + "predicted_batches", "Batches with a predicted time", labels=LABELS)
-        predicted_ms = CounterMetricFamily(p + "predicted_batch_ms", "Predicted batch time, summed", labels=LABELS)
-        actual_ms = CounterMetricFamily(p + "actual_batch_ms", "Actual time of those batches, summed", labels=LABELS)
+        labels = [*LABELS, *self._names]
+        batches = CounterMetricFamily(p + "batches", "Batches dispatched, by reason", labels=[*labels, "reason"])
+        shed = CounterMetricFamily(p + "shed", "Requests shed: predicted to miss their deadline", labels=labels)
+        changes = CounterMetricFamily(p + "knob_changes", "Knob changes the controller made", labels=labels)
+        predicted = CounterMetricFamily(p + "predicted_batches", "Batches with a predicted time", labels=labels)
+        predicted_ms = CounterMetricFamily(p + "predicted_batch_ms", "Predicted batch time, summed", labels=labels)
+        actual_ms = CounterMetricFamily(p + "actual_batch_ms", "Actual time of those batches, summed", labels=labels)
         gauges = {
-            "batch_size": GaugeMetricFamily(p + "batch_size", "Batch size now", labels=LABELS),
-            "max_batch_delay_ms": GaugeMetricFamily(p + "max_batch_delay_ms", "Batch delay now (ms)", labels=LABELS),
-            "workers": GaugeMetricFamily(p + "workers", "Workers now", labels=LABELS),
-            "threads": GaugeMetricFamily(p + "threads", "Intra-op threads per worker now", labels=LABELS),
+            "batch_size": GaugeMetricFamily(p + "batch_size", "Batch size now", labels=labels),
+            "max_batch_delay_ms": GaugeMetricFamily(p + "max_batch_delay_ms", "Batch delay now (ms)", labels=labels),
+            "workers": GaugeMetricFamily(p + "workers", "Workers now", labels=labels),
+            "threads": GaugeMetricFamily(p + "threads", "Intra-op threads per worker now", labels=labels),
         }
-        rate = GaugeMetricFamily(p + "arrival_rate", "Arrivals per second, last half second", labels=LABELS)
+        rate = GaugeMetricFamily(p + "arrival_rate", "Arrivals per second, last half second", labels=labels)
         for c in self._controllers():
-            key = [c.name, c.version]
+            key = [c.name, c.version, *self._values]
             for reason, count in c.batches.items():
                 batches.add_metric([*key, reason], count)
             shed.add_metric(key, c.shed_count)

@@ -110,6 +110,17 @@ class ControlSettings:
         }
 
 
+def unreachable(settings: ControlSettings, batch1_ms: float, runs: int, where: str) -> str | None:
+    """The registration's refusal when the fastest of ``runs`` runs of ``controller.probe`` (``where`` it ran) took
+    longer than the SLA allows; None when the SLA is reachable."""
+    if batch1_ms <= settings.target_ms:
+        return None
+    return (
+        f"{settings.key}={settings.target_ms:g} is below the model's batch-1 time: {batch1_ms:.1f} ms, the fastest "
+        f"of {runs} runs of controller.probe {where}"
+    )
+
+
 def _number(value: Any, key: str, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         raise ConfigError(f"{key} must be a number between {low:g} and {high:g}, got {shown(repr(value))}")
@@ -233,4 +244,4 @@ def _parse(raw: Any, max_workers: int) -> ControlSettings:
     )
 
 
-__all__ = ["POLICY_NAMES", "TARGETS", "ControlSettings", "Knobs", "Phase", "parse_settings"]
+__all__ = ["POLICY_NAMES", "TARGETS", "ControlSettings", "Knobs", "Phase", "parse_settings", "unreachable"]

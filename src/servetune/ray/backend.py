@@ -33,6 +33,8 @@ from servetune.api.types import (
     WorkerStatus,
 )
 from servetune.config.server import ServerConfig
+from servetune.control import ControlSettings
+from servetune.ray.controlled import describe_replicas
 from servetune.ray.controller import RayCluster
 from servetune.ray.metrics import SummedReports, start_sink
 from servetune.ray.plan import FRONTEND_APP, ModelPlan, RayVersion, deployment_name, ray_version, read_plan
@@ -318,6 +320,10 @@ class RayBackend:
         ]
         config = replace(rv.plan.config, batch_size=rv.batch_size, max_batch_delay_ms=rv.max_batch_delay_ms)
         running = int(deployment.get("replicaStates", {}).get("RUNNING", 0))
+        extra: dict[str, Any] = {"backend": "ray", "deployment": deployment}
+        if rv.control is not None:
+            pids = {str(r.pid) for r in replicas}
+            extra["controller"] = await self._controllers(rv.name, rv.version, rv.control, pids)
         return ModelStatus(
             plan=rv.plan.with_config(config),
             is_default=self.plans[name].default_version == rv.version,
@@ -331,8 +337,28 @@ class RayBackend:
             num_threads=rv.num_threads,
             inter_op_threads=rv.plan.config.inter_op_threads,
             cpu_pinning=False,
-            extra={"backend": "ray", "deployment": deployment},
+            extra=extra,
         )
+
+    async def _controllers(self, name: str, version: str, settings: ControlSettings, pids: set[str]) -> dict[str, Any]:
+        """The controller block of a version's describe: the settings, and each live replica's controller as it last
+        reported it (a replica reports once it has served a request)."""
+        import ray
+
+        prefix = f"{name}/{version}/"
+        reported: dict[str, dict[str, Any]]
+        try:
+            reported = await asyncio.to_thread(ray.get, self._sink.controllers_of.remote(prefix), timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - describe must answer even when the sink does not
+            reported, error = {}, f"{type(exc).__name__}: {exc}"
+        else:
+            error = ""
+        return {
+            "policy": settings.policy,
+            "settings": settings.to_json(),
+            **describe_replicas({pid: c for pid, c in reported.items() if pid in pids}),
+            **({"lastError": error} if error else {}),
+        }
 
 
 __all__ = ["RayBackend", "check_config", "free_port", "proxy_location_for"]

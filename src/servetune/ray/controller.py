@@ -256,8 +256,17 @@ def _failure(app: Any) -> str:
     messages = [str(app.message)] if getattr(app, "message", "") else []
     for name, deployment in app.deployments.items():
         if getattr(deployment, "message", ""):
-            messages.append(f"{name}: {deployment.message}")
+            messages.append(f"{name}: {without_traceback(str(deployment.message))}")
     return "; ".join(messages) or state_name(app.status)
 
 
-__all__ = ["RayCluster", "ReplicaInfo", "state_name"]
+def without_traceback(message: str) -> str:
+    """A replica's failure as Ray words it, less the tracebacks it quotes: Ray's own first line and the exception's
+    last (``servetune._exceptions.ConfigError: controller.slo.p99_ms=100 is below ...``)."""
+    if "Traceback (most recent call last)" not in message:
+        return message
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return f"{lines[0]} {lines[-1]}"
+
+
+__all__ = ["RayCluster", "ReplicaInfo", "state_name", "without_traceback"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -27,16 +27,24 @@ Family = tuple[str, str, str, list[tuple[str, dict[str, str], float]]]
 
 
 class MetricsSink:
-    """A Ray actor holding the latest report of each replica (counters only grow, so the latest one is the total)."""
+    """A Ray actor holding the latest report of each replica (counters only grow, so the latest one is the total),
+    and the latest state of each replica's online controller (``servetune.control``), for the driver's describe."""
 
     def __init__(self) -> None:
         self.reports: dict[str, list[Family]] = {}
+        self.controllers: dict[str, dict[str, Any]] = {}
 
-    def report(self, source: str, families: list[Family]) -> None:
+    def report(self, source: str, families: list[Family], controller: dict[str, Any] | None = None) -> None:
         self.reports[source] = families
+        if controller is not None:
+            self.controllers[source] = controller
 
     def collect(self) -> list[list[Family]]:
         return list(self.reports.values())
+
+    def controllers_of(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """The controllers of the sources named ``prefix`` + pid, by pid."""
+        return {s[len(prefix) :]: c for s, c in self.controllers.items() if s.startswith(prefix)}
 
 
 def snapshot(registry: CollectorRegistry) -> list[Family]:
@@ -65,9 +73,12 @@ def start_sink() -> Any:
 class Reporter:
     """A replica's side: report ``registry`` to the sink every second, from the replica's event loop."""
 
-    def __init__(self, registry: CollectorRegistry, source: str) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, source: str, controller: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
         self.registry = registry
         self.source = source
+        self.controller = controller  # the replica's controller's describe, reported with the metrics
         self._task: asyncio.Task[None] | None = None
 
     def ensure_started(self) -> None:
@@ -83,7 +94,8 @@ class Reporter:
             return  # no servetune driver: nobody to report to
         while True:
             with contextlib.suppress(Exception):  # a driver that went away must not break serving
-                sink.report.remote(self.source, snapshot(self.registry))
+                described = self.controller() if self.controller is not None else None
+                sink.report.remote(self.source, snapshot(self.registry), described)
             await asyncio.sleep(REPORT_EVERY_S)
 
 

@@ -25,6 +25,7 @@ from servetune.api.plan import RegisterParams, VersionPlan, plan_version
 from servetune.api.types import ModelRef
 from servetune.archive import open_archive
 from servetune.config.server import ServerConfig
+from servetune.control import ControlSettings, parse_settings
 
 FRONTEND_APP = "servetune"
 ONGOING_BATCHES = 2  # batches' worth of requests a replica holds by default: one running, one forming
@@ -42,6 +43,12 @@ class RayVersion:
     max_batch_delay_ms: int  # live: ``@serve.batch`` wait
     num_threads: int  # live: torch intra-op threads per replica (Ray reserves as many CPUs when it loads)
     ongoing_batches: int = ONGOING_BATCHES  # model-config ``rayOngoingBatches``
+    control: ControlSettings | None = None  # the online controller's settings: one controller in each replica
+
+    @property
+    def batch_limit(self) -> int:
+        """The largest batch a replica may form: the registered size, or the controller's upper bound when larger."""
+        return max(self.batch_size, self.control.batch_size[1]) if self.control is not None else self.batch_size
 
     @property
     def name(self) -> str:
@@ -88,6 +95,7 @@ def ray_version(plan: VersionPlan) -> RayVersion:
         raise ApiError.bad_request(f"{plan.url}: model-config.yaml: rayOngoingBatches={ongoing!r}: {expected}")
     if plan.name == FRONTEND_APP:
         raise ApiError.bad_request(f"model name {plan.name!r} is reserved by the Ray backend for its frontend")
+    control = ray_control(plan)
     return RayVersion(
         plan=plan,
         min_workers=plan.min_workers,
@@ -96,7 +104,37 @@ def ray_version(plan: VersionPlan) -> RayVersion:
         max_batch_delay_ms=plan.max_batch_delay_ms,
         num_threads=plan.num_threads or 1,
         ongoing_batches=ongoing,
+        control=control,
     )
+
+
+def ray_control(plan: VersionPlan) -> ControlSettings | None:
+    """The version's ``controller:`` settings as a replica runs them; ApiError 400 naming the key for what is invalid
+    and for what Ray does not let a replica move: its replicas (Ray's autoscaling moves them: ``minWorkers`` <
+    ``maxWorkers``) and its threads (Ray reserves a replica's CPUs when it starts it)."""
+    raw = plan.config.handler_config.get("controller")
+    if raw is None:
+        return None
+    source = f"{plan.url}: model-config.yaml"
+    try:
+        settings = parse_settings(raw, source=source)
+    except ConfigError as exc:
+        raise ApiError.bad_request(str(exc)) from None
+    why = {
+        "controller.bounds.workers": settings.workers is not None and settings.workers != (1, 1),
+        "controller.bounds.threads": settings.threads is not None,
+        "controller.policy": settings.policy == "queue",
+        "controller.static.workers": settings.static is not None and settings.static.workers != 1,
+        "controller.phases": any(phase.knobs.workers != 1 for phase in settings.phases),
+    }
+    refused = next((key for key, bad in why.items() if bad), None)
+    if refused is not None:
+        raise ApiError.bad_request(
+            f"{source}: {refused}: the Ray backend runs one controller in each replica, which moves that replica's "
+            "batch size and delay and sheds; replicas are Ray's to scale (minWorkers < maxWorkers: Ray's "
+            "autoscaling) and a replica's threads are fixed when Ray reserves its CPUs"
+        )
+    return settings
 
 
 class Resolved(NamedTuple):

@@ -5,7 +5,9 @@ one hop).
 
 Batches: ``@serve.batch`` with max size = ``batchSize`` and wait = ``maxBatchDelay``, both from ``user_config``
 (changed in place, as are the threads); one batch at a time, run on a thread so that the next batch forms meanwhile.
-Other versions of the model are reached through their deployments' handles. A streaming request (gRPC
+With a ``controller:`` in the model's config, each replica runs its own controller (``ray/controlled.py``) over its
+own batch queue: it moves the replica's batch size and delay and sheds. Other versions of the model are reached
+through their deployments' handles. A streaming request (gRPC
 StreamPredictions, through the driver's handle) runs alone through ``stream_remote``, which yields the handler's
 intermediate answers as it sends them, then its final one.
 """
@@ -38,8 +40,9 @@ from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import apply_cpu, start_service
 from servetune.ray import handles
 from servetune.ray.asgi import call_app
+from servetune.ray.controlled import check_reachable, replica_controller
 from servetune.ray.metrics import Reporter
-from servetune.ray.plan import ServedModel
+from servetune.ray.plan import ServedModel, ray_control
 
 DEFAULT_DELAY_S = 0.1
 
@@ -121,9 +124,19 @@ class ModelReplica:
         self.service = load(self.plan, workdir)
         self._streams: dict[str, Callable[[InferResult], None]] = {}  # request id -> its intermediate answers
         self.service.context.partial_sink = self._partial
-        self.batched.set_max_batch_size(self.plan.batch_size)  # type: ignore[attr-defined]
+        self.batch_size, self.max_batch_delay_ms = self.plan.batch_size, float(self.plan.max_batch_delay_ms)
+        self.set_batching(self.batch_size, self.max_batch_delay_ms)  # ``reconfigure`` tells them again
         self.metrics = ApiMetrics()
-        self.reporter = Reporter(self.metrics.registry, f"{self.plan.name}/{self.plan.version}/{os.getpid()}")
+        self.waiting: set[str] = set()  # ids of the requests in the batch queue, not yet in a batch
+        control = ray_control(self.plan)
+        if control is not None:  # ConfigError naming the SLA's key: the replica, and its registration, fail
+            check_reachable(self.service, control)
+        self.controller = replica_controller(self, control, self.metrics.registry)
+        self.reporter = Reporter(
+            self.metrics.registry,
+            f"{self.plan.name}/{self.plan.version}/{os.getpid()}",
+            self.controller.describe if self.controller is not None else None,
+        )
         self.view = ReplicaView(self, model, others or {})
         self.app = create_inference_app(self.view, server or ServerConfig(), metrics=self.metrics)
 
@@ -133,12 +146,17 @@ class ModelReplica:
         this after ``__init__`` and on every ``user_config`` change, without restarting the replica."""
         batch_size = int(user_config.get("batch_size", self.plan.batch_size))
         delay_ms = float(user_config.get("max_batch_delay_ms", DEFAULT_DELAY_S * 1000.0))
-        self.batched.set_max_batch_size(batch_size)  # type: ignore[attr-defined]
-        self.batched.set_batch_wait_timeout_s(delay_ms / 1000.0)  # type: ignore[attr-defined]
-        self.service.context.system_properties["batch_size"] = batch_size
+        self.set_batching(batch_size, delay_ms)
         threads = int(user_config.get("num_threads") or 0)
         if threads:
             apply_cpu(threads, ())
+
+    def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
+        """Batch size and delay from the next batch formed (the management API's change, or the controller's)."""
+        self.batch_size, self.max_batch_delay_ms = batch_size, max_batch_delay_ms
+        self.batched.set_max_batch_size(batch_size)  # type: ignore[attr-defined]
+        self.batched.set_batch_wait_timeout_s(max_batch_delay_ms / 1000.0)  # type: ignore[attr-defined]
+        self.service.context.system_properties["batch_size"] = batch_size
 
     def check_health(self) -> None:
         """A replica whose handler overran ``responseTimeout`` is replaced, as a native worker is killed."""
@@ -149,7 +167,17 @@ class ModelReplica:
         """One request through this version's batch queue; a describe request runs in a batch of its own."""
         if request.control.describe:
             return (await self._run([request]))[0]
-        result: InferResult = await self.batched(request)
+        controller = self.controller
+        if controller is None:
+            result: InferResult = await self.batched(request)
+            return result
+        controller.ensure_started()
+        controller.admit(request.arrival, request.deadline)  # ApiError 503: predicted to miss its deadline
+        self.waiting.add(request.request_id)
+        try:
+            result = await self.batched(request)
+        finally:
+            self.waiting.discard(request.request_id)
         return result
 
     async def infer_remote(self, request: InferRequest) -> InferResult:
@@ -202,7 +230,11 @@ class ModelReplica:
 
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=DEFAULT_DELAY_S)
     async def batched(self, requests: list[InferRequest]) -> list[InferResult]:
-        return await self._run(requests)
+        if self.controller is None:
+            return await self._run(requests)
+        for request in requests:
+            self.waiting.discard(request.request_id)
+        return await self.controller.run(requests, self._run)
 
     async def _run(self, requests: list[InferRequest]) -> list[InferResult]:
         started = time.monotonic()

@@ -143,7 +143,7 @@ def max_ongoing_requests(batch_size: int, batches: int = ONGOING_BATCHES) -> int
 def deployment_options(plan: RayVersion) -> dict[str, Any]:
     options: dict[str, Any] = {
         "name": deployment_name(plan.name, plan.version),
-        "max_ongoing_requests": max_ongoing_requests(plan.batch_size, plan.ongoing_batches),
+        "max_ongoing_requests": max_ongoing_requests(plan.batch_limit, plan.ongoing_batches),
         "max_queued_requests": plan.plan.job_queue_size,
         "user_config": plan.user_config(),
         "ray_actor_options": {"num_cpus": plan.num_cpus, "num_gpus": 1 if plan.plan.gpu else 0},

@@ -13,6 +13,7 @@ from servetune._exceptions import ApiError, ConfigError
 from servetune.api.plan import VersionPlan
 from servetune.api.types import InferRequest, Input
 from servetune.control import ControlSettings, Knobs, parse_settings
+from servetune.control.settings import unreachable
 
 if TYPE_CHECKING:
     from servetune.server.model import ServedModel
@@ -82,11 +83,9 @@ async def check_reachable(model: ServedModel, settings: ControlSettings) -> floa
         request = InferRequest(f"controller-probe-{i}", {}, [Input("body", None, body)], started)
         await model.submit(request)
         best = min(best, (time.monotonic() - started) * 1000.0)
-    if best > settings.target_ms:
-        raise ApiError.bad_request(
-            f"{settings.key}={settings.target_ms:g} is below the model's batch-1 time: {best:.1f} ms, the fastest "
-            f"of {PROBES} runs of controller.probe at registration"
-        )
+    refused = unreachable(settings, best, PROBES, "at registration")
+    if refused is not None:
+        raise ApiError.bad_request(refused)
     return best
 
 
