@@ -20,6 +20,7 @@ from servetune.tune import Config, deploy, load_study, online, tune
 from servetune.tune import finalists as final
 from servetune.tune.analysis import analyse
 from servetune.tune.study import Load, Sla, StrategySpec
+from servetune.tune.targets import target_kind
 from servetune.tune.trial import Trial
 from tune_models import cost_archive
 from tune_synthetic import family, result, study
@@ -79,6 +80,14 @@ def test_searched_thread_counts_become_the_controllers_thread_bounds() -> None:
     parse_settings(section)  # what the server accepts
     one = dataclasses.replace(searched, threads=(0, 2))
     assert "threads" not in deploy.controller_section(Sla(p99_ms=300), one)["bounds"]  # type: ignore[index]
+
+
+def test_on_ray_the_controllers_bounds_are_a_replicas_batching_only() -> None:
+    searched = dataclasses.replace(family(workers=(1, 2), batch=(1, 4), delays=(0, 10)), threads=(1, 2))
+    section = deploy.controller_section(Sla(p99_ms=300), searched, target_kind("ray").controller_knobs)
+    assert section is not None and section["bounds"] == {"batch_size": [1, 4], "max_batch_delay_ms": [0, 10]}
+    native = deploy.controller_section(Sla(p99_ms=300), searched, target_kind("native").controller_knobs)
+    assert native is not None and set(native["bounds"]) == {"batch_size", "max_batch_delay_ms", "workers", "threads"}
 
 
 def test_the_rounds_are_interleaved_and_a_resumed_study_measures_only_what_it_lacks() -> None:

@@ -119,10 +119,17 @@ def test_the_winner_is_written_as_a_schema_valid_ray_serve_config(tuned: Tuned) 
     spec = app["args"]["versions"]["1.0"]
     assert spec["config"]["batch_size"] == 4 and spec["config"]["handler_config"]["optimization"] == "eager"
     assert Path(spec["archive"]) == (deploy / "model-store" / "cost").resolve()
-    command, alternative = (deploy / "serve-command.txt").read_text().splitlines()
+    command, alternative, *more = (deploy / "serve-command.txt").read_text().splitlines()
     properties = (deploy / "config.properties").resolve()
     assert command == f"servetune serve --backend ray --ray-address {tuned.address} --ts-config {properties}"
     assert alternative.endswith(f"serve deploy {(deploy / 'ray-serve-config.yaml').resolve()}")
+    # for a load that moves, the online controller as a replica runs it: its batching only, the replicas Ray's
+    assert more == [
+        "# for a load that moves: rebuild the archive with model-config.controller.yaml (the online controller)"
+    ]
+    controlled = yaml.safe_load((deploy / "model-config.controller.yaml").read_text())["controller"]
+    bounds = {"batch_size": [1, 4], "max_batch_delay_ms": [50, 50]}
+    assert controlled == {"slo": {"p99_ms": SLA_MS}, "bounds": bounds, "shed": True}
 
 
 def test_without_an_address_the_trials_run_on_a_private_local_instance(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@
   --config-file`` when rebuilding a .mar;
 - ``model-config.controller.yaml`` (an app: ``model-config.<model>.controller.yaml``): the same settings with the online
   controller switched on (docs/controller.md): the study's SLA, the searched ranges as its bounds, shedding on; for
-  a load that moves, where one static config cannot hold the SLA at every level (on backends that run it: native);
+  a load that moves, where one static config cannot hold the SLA at every level (native; on Ray, each replica's
+  controller moves its batch size and delay, and the replicas are Ray's to scale);
 - ``config.properties``: a server config that loads the archives at start (``models=`` repeats the settings);
 - ``serve-command.txt``: the exact ``servetune serve`` command, and other ways to serve it;
 - whatever the study's backend adds (``targets/``): on Ray, ``ray-serve-config.yaml`` for ``serve deploy``.
@@ -59,10 +60,13 @@ def knobs(config: Config) -> dict[str, int | bool]:
     return settings
 
 
-def controller_section(sla: Sla, family: Family) -> dict[str, Any] | None:
+CONTROLLER_KNOBS = ("batch_size", "max_batch_delay_ms", "workers", "threads")
+
+
+def controller_section(sla: Sla, family: Family, moves: tuple[str, ...] = CONTROLLER_KNOBS) -> dict[str, Any] | None:
     """The model-config.yaml ``controller:`` section for this family: its SLA (the per-request deadline's key), the
-    ranges the study searched as the bounds (threads per worker too, when it searched more than one explicit count),
-    shedding on; None when the study has no latency SLA."""
+    ranges the study searched as the bounds of the knobs the backend's controller ``moves`` (threads per worker too,
+    when it searched more than one explicit count), shedding on; None when the study has no latency SLA."""
     limits = dict(sla.limits())
     key = next((k for k in ("p95_ms", "p99_ms", "mean_ms") if k in limits), None)
     if key is None:
@@ -75,7 +79,8 @@ def controller_section(sla: Sla, family: Family) -> dict[str, Any] | None:
     threads = sorted({t for t in family.threads if t > 0})  # 0: the server's automatic share, not a bound
     if len(threads) > 1:  # searched: the controller moves them too
         bounds["threads"] = [threads[0], threads[-1]]
-    return {"slo": {key: limits[key]}, "bounds": bounds, "shed": True}
+    moved = {knob: bound for knob, bound in bounds.items() if knob in moves}
+    return {"slo": {key: limits[key]}, "bounds": moved, "shed": True}
 
 
 def write_deployment(
@@ -100,7 +105,7 @@ def write_deployment(
         family = study.family(part.family)
         settings = knobs(part)
         sla = study.model_spec(name).sla if study.is_app else study.sla
-        section = controller_section(sla, family) if kind.online_controller else None
+        section = controller_section(sla, family, kind.controller_knobs) if kind.controller_knobs else None
         switched_on = {"controller": section} if section is not None and controller else {}
         if served_url is None:
             with tempfile.TemporaryDirectory(prefix="servetune-deploy-") as tmp:

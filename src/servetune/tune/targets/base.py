@@ -47,7 +47,9 @@ class TargetKind:
     address_key: ClassVar[str | None] = None  # the study key (and --NAME option) saying where it runs
     address_hint: ClassVar[str] = ""  # what that address looks like, for error messages
     space_keys: ClassVar[tuple[str, ...]] = ()  # ``space`` keys it reads (accepted whatever the backend)
-    online_controller: ClassVar[bool] = False  # it runs a model-config.yaml ``controller:`` (docs/controller.md)
+    online_controller: ClassVar[bool] = False  # the tuner compares the online controller on it (docs/controller.md)
+    # the knobs a model-config.yaml ``controller:`` moves on it (its bounds in the deploy output); (): it runs none
+    controller_knobs: ClassVar[tuple[str, ...]] = ()
 
     def read(self, space: Mapping[str, Any], model_config: Mapping[str, Any]) -> dict[str, Any]:
         """Its ``space`` keys, type-checked, as study options (empty when none is given)."""

@@ -19,6 +19,7 @@ class NativeKind(TargetKind):
     name = "native"
     label = "servetune"
     online_controller = True
+    controller_knobs = ("batch_size", "max_batch_delay_ms", "workers", "threads")
 
     def embedded(self, study: Study, out_dir: Path, *, echo: bool = False) -> Target:
         return EmbeddedTarget(study, out_dir, self, echo=echo)

@@ -39,6 +39,8 @@ class RayKind(TargetKind):
     address_key = "ray_address"
     address_hint = "HOST:PORT of a running Ray cluster, or auto"
     space_keys = (OPTION,)
+    # each replica's controller moves its own batching; replicas and threads are Ray's (docs/controller.md)
+    controller_knobs = ("batch_size", "max_batch_delay_ms")
 
     def read(self, space: Mapping[str, Any], model_config: Mapping[str, Any]) -> dict[str, Any]:
         if OPTION not in space:
