@@ -127,7 +127,8 @@ class ModelReplica:
         self.batch_size, self.max_batch_delay_ms = self.plan.batch_size, float(self.plan.max_batch_delay_ms)
         self.set_batching(self.batch_size, self.max_batch_delay_ms)  # ``reconfigure`` tells them again
         self.metrics = ApiMetrics()
-        self.waiting: set[str] = set()  # ids of the requests in the batch queue, not yet in a batch
+        self.waiting: set[int] = set()  # the requests in the batch queue, not yet in a batch (``id()``: a client's
+        # own x-request-id may repeat)
         control = ray_control(self.plan)
         if control is not None:  # ConfigError naming the SLA's key: the replica, and its registration, fail
             check_reachable(self.service, control)
@@ -173,11 +174,11 @@ class ModelReplica:
             return result
         controller.ensure_started()
         controller.admit(request.arrival, request.deadline)  # ApiError 503: predicted to miss its deadline
-        self.waiting.add(request.request_id)
+        self.waiting.add(id(request))
         try:
             result = await self.batched(request)
         finally:
-            self.waiting.discard(request.request_id)
+            self.waiting.discard(id(request))
         return result
 
     async def infer_remote(self, request: InferRequest) -> InferResult:
@@ -233,7 +234,7 @@ class ModelReplica:
         if self.controller is None:
             return await self._run(requests)
         for request in requests:
-            self.waiting.discard(request.request_id)
+            self.waiting.discard(id(request))
         return await self.controller.run(requests, self._run)
 
     async def _run(self, requests: list[InferRequest]) -> list[InferResult]:
