@@ -110,14 +110,17 @@ class ControlSettings:
         }
 
 
-def unreachable(settings: ControlSettings, batch1_ms: float, runs: int, where: str) -> str | None:
-    """The registration's refusal when the fastest of ``runs`` runs of ``controller.probe`` (``where`` it ran) took
-    longer than the SLA allows; None when the SLA is reachable."""
+PROBES = 3  # ``controller.probe`` runs this many times at registration; its fastest is the batch-1 time
+
+
+def unreachable(settings: ControlSettings, batch1_ms: float, where: str) -> str | None:
+    """The registration's refusal when the fastest of the PROBES runs of ``controller.probe`` (``where`` it ran)
+    took longer than the SLA allows; None when the SLA is reachable."""
     if batch1_ms <= settings.target_ms:
         return None
     return (
         f"{settings.key}={settings.target_ms:g} is below the model's batch-1 time: {batch1_ms:.1f} ms, the fastest "
-        f"of {runs} runs of controller.probe {where}"
+        f"of {PROBES} runs of controller.probe {where}"
     )
 
 
@@ -244,4 +247,4 @@ def _parse(raw: Any, max_workers: int) -> ControlSettings:
     )
 
 
-__all__ = ["POLICY_NAMES", "TARGETS", "ControlSettings", "Knobs", "Phase", "parse_settings", "unreachable"]
+__all__ = ["POLICY_NAMES", "PROBES", "TARGETS", "ControlSettings", "Knobs", "Phase", "parse_settings", "unreachable"]

@@ -34,7 +34,6 @@ from servetune.api.types import (
 )
 from servetune.config.server import ServerConfig
 from servetune.control import ControlSettings
-from servetune.ray.controlled import describe_replicas
 from servetune.ray.controller import RayCluster
 from servetune.ray.metrics import SummedReports, start_sink
 from servetune.ray.plan import FRONTEND_APP, ModelPlan, RayVersion, deployment_name, ray_version, read_plan
@@ -356,7 +355,7 @@ class RayBackend:
         return {
             "policy": settings.policy,
             "settings": settings.to_json(),
-            **describe_replicas({pid: c for pid, c in reported.items() if pid in pids}),
+            "replicas": {pid: reported[pid] for pid in sorted(reported) if pid in pids},  # each live replica's
             **({"lastError": error} if error else {}),
         }
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -31,13 +31,11 @@ from servetune._exceptions import ApiError, ConfigError
 from servetune.api.types import InferRequest, InferResult
 from servetune.control import Controller, ControlSettings, Knobs
 from servetune.control.metrics import ControllerMetrics
-from servetune.control.settings import unreachable
+from servetune.control.settings import PROBES, unreachable
 from servetune.handlers.service import InputParam, Request, Service
 
 if TYPE_CHECKING:
     from servetune.ray.replica import ModelReplica
-
-PROBES = 3  # the probe runs this many times; its fastest is the batch-1 time
 
 
 class ReplicaActuator:
@@ -115,7 +113,7 @@ def check_reachable(service: Service, settings: ControlSettings) -> float | None
         started = time.monotonic()
         service.predict([Request(f"controller-probe-{i}", {}, [InputParam("body", None, body)])])
         best = min(best, (time.monotonic() - started) * 1000.0)
-    refused = unreachable(settings, best, PROBES, "when the replica loaded")
+    refused = unreachable(settings, best, "when the replica loaded")
     if refused is not None:
         raise ConfigError(refused)
     return best
@@ -141,16 +139,10 @@ def replica_controller(
     return controller
 
 
-def describe_replicas(described: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The driver's ``controller`` block of a model's describe: each replica's controller, by the replica's pid."""
-    return {"replicas": dict(sorted(described.items()))}
-
-
 __all__ = [
     "ReplicaActuator",
     "ReplicaController",
     "check_reachable",
-    "describe_replicas",
     "replica_controller",
     "replica_log",
 ]

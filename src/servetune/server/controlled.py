@@ -13,12 +13,10 @@ from servetune._exceptions import ApiError, ConfigError
 from servetune.api.plan import VersionPlan
 from servetune.api.types import InferRequest, Input
 from servetune.control import ControlSettings, Knobs, parse_settings
-from servetune.control.settings import unreachable
+from servetune.control.settings import PROBES, unreachable
 
 if TYPE_CHECKING:
     from servetune.server.model import ServedModel
-
-PROBES = 3  # the probe runs this many times; its fastest is the batch-1 time
 
 
 def control_settings(plan: VersionPlan, max_workers: int) -> ControlSettings | None:
@@ -83,7 +81,7 @@ async def check_reachable(model: ServedModel, settings: ControlSettings) -> floa
         request = InferRequest(f"controller-probe-{i}", {}, [Input("body", None, body)], started)
         await model.submit(request)
         best = min(best, (time.monotonic() - started) * 1000.0)
-    refused = unreachable(settings, best, PROBES, "at registration")
+    refused = unreachable(settings, best, "at registration")
     if refused is not None:
         raise ApiError.bad_request(refused)
     return best
