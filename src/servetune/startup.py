@@ -6,9 +6,13 @@ Neutral: the CLI, the API server, the native backend and the worker process all 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger("servetune.startup")
 
@@ -53,4 +57,44 @@ class StartupClock:
 #: this process's clock, made when the servetune package is first imported (its __init__ imports this module first)
 CLOCK = StartupClock()
 
-__all__ = ["CLOCK", "StartupClock", "log", "process_age_s"]
+
+def freeze_heap(collect: bool) -> float:
+    """Move every object this process holds to the garbage collector's permanent generation (``collect``: after a
+    full collection, so that what start-up left as garbage is not kept): a full collection while serving then visits
+    only what was made since. Without it a full collection visits the whole start-up heap, every so often, with
+    everything else in the process stopped: a frontend's (~56k objects) took 40-48 ms every ~50 s at ~200 req/s here,
+    a late answer for every request in flight; a process that imported torch and torchvision (~334k objects), 134 ms.
+    Returns the milliseconds it took (a collection's; the freeze itself is a list splice)."""
+    started = time.perf_counter()
+    if collect:
+        gc.collect()
+    gc.freeze()
+    return (time.perf_counter() - started) * 1000.0
+
+
+_frozen_lock = threading.Lock()
+_frozen_depth = 0
+_frozen_here = False  # the freeze is this block's to undo (not a process that froze its heap for good)
+
+
+@contextmanager
+def heap_frozen() -> Iterator[None]:
+    """The heap frozen while the block runs (a load generator's: a full collection of its heap mid-run would be
+    measured as the server's latency), back to the collector's care after the last such block (nested and
+    concurrent blocks share one freeze)."""
+    global _frozen_depth, _frozen_here
+    with _frozen_lock:
+        _frozen_depth += 1
+        if _frozen_depth == 1:
+            _frozen_here = gc.get_freeze_count() == 0
+            gc.freeze()
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen_depth -= 1
+            if _frozen_depth == 0 and _frozen_here:
+                gc.unfreeze()
+
+
+__all__ = ["CLOCK", "StartupClock", "freeze_heap", "heap_frozen", "log", "process_age_s"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import logging
 import os
@@ -36,7 +37,7 @@ from servetune.api.rest import without_trailing_slash
 from servetune.api.types import Backend, Readiness
 from servetune.config.server import Address, ServerConfig
 from servetune.ready import ReadyInfo
-from servetune.startup import CLOCK
+from servetune.startup import CLOCK, freeze_heap
 from servetune.startup import log as startup_log
 
 if TYPE_CHECKING:
@@ -283,6 +284,10 @@ class ApiServer:
                 if entry.get("defaultVersion") and (name, version) in registered:
                     await self.backend.set_default(name, version)
         await self.backend.started(dict(self.readiness.failed))
+        # what start-up made (the APIs, the gRPC stack, the models' entries) is kept for good: out of the collector's
+        # full passes, which otherwise stop the event loop tens of ms every minute under load
+        took_ms = freeze_heap(collect=True)
+        startup_log.debug("start-up: heap collected and frozen, %d objects, %.0f ms", gc.get_freeze_count(), took_ms)
         self.readiness.starting = False
         if self.ready_file is not None:
             models: dict[str, list[str]] = {}

@@ -20,6 +20,7 @@ from servetune.bench.progress import Progress
 from servetune.bench.recording import Recording, summarise
 from servetune.bench.result import BenchResult
 from servetune.bench.spec import BenchSpec
+from servetune.startup import heap_frozen
 
 T = TypeVar("T")
 
@@ -80,7 +81,8 @@ async def run_bench_async(
     async with progress:
         hooks = RunHooks(measure_start=scraper("before"), measure_end=scraper("after"), progress=progress,
                          enough=enough, min_seconds=min_seconds)  # fmt: skip
-        recording: Recording = await engine.run(spec, payloads, hooks)
+        with heap_frozen():  # a full collection of this process's heap would be measured as the server's latency
+            recording: Recording = await engine.run(spec, payloads, hooks)
     breakdown = None
     if "before" in scrapes and "after" in scrapes:
         breakdown = metrics_breakdown(scrapes["before"], scrapes["after"], spec.model)

@@ -43,6 +43,7 @@ from servetune.ray.asgi import call_app
 from servetune.ray.controlled import check_reachable, replica_controller
 from servetune.ray.metrics import Reporter
 from servetune.ray.plan import ServedModel, ray_control
+from servetune.startup import freeze_heap
 
 DEFAULT_DELAY_S = 0.1
 
@@ -140,6 +141,7 @@ class ModelReplica:
         )
         self.view = ReplicaView(self, model, others or {})
         self.app = create_inference_app(self.view, server or ServerConfig(), metrics=self.metrics)
+        freeze_heap(collect=False)  # Ray's worker, the handler's imports and the model: off the collector's full passes
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """``user_config`` changes apply in place, from the next batch on: the batch size (the batch queue's and the

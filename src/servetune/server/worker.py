@@ -34,7 +34,7 @@ from servetune.server.messages import (
     SocketFrames,
     decode_message,
 )
-from servetune.startup import CLOCK
+from servetune.startup import CLOCK, freeze_heap
 
 
 def _die_with_parent() -> None:
@@ -147,6 +147,9 @@ def _run(
         sock.sendall(LoadError(f"{type(exc).__name__}: {exc}", traceback.format_exc()).encode())
         return 1
     load_ms = (time.perf_counter() - start) * 1000.0
+    # the interpreter, the handler's imports and the model out of the collector's full passes: a full pass over a
+    # torch worker's heap stops its batch for 100 ms or more (no collection first: that would cost as much, once)
+    freeze_heap(collect=False)
     ready = Ready(os.getpid(), load_ms, cpu_settings(), interpreter_ms, imports_ms, service.metadata)
     sock.sendall(ready.encode())
     _serve(sock, frames, service, spec)
