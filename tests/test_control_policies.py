@@ -217,6 +217,25 @@ def test_the_tail_meter_counts_the_last_seconds_and_forgets_on_clear() -> None:
     assert tail.share(5.8) == 0.0
 
 
+def test_the_tail_meter_tells_the_worst_second_of_the_window() -> None:
+    tail = TailMeter(bin_s=0.5, window_s=5.0)
+    tail.add(0.1, 60, 0)
+    tail.add(0.6, 60, 3)  # the second from 0 to 1: 120 answered, 3 late
+    for k in range(2, 9):
+        tail.add(k * 0.5 + 0.1, 60, 0)
+    assert tail.share(4.4) == pytest.approx(3 / 540)  # the window's share: inside a P99's 1%
+    assert tail.worst_second(4.4) == pytest.approx(3 / 120)  # its worst second: 2.5%
+    assert tail.worst_second(5.4) == pytest.approx(3 / 120)  # 0.5-1.5 s: the late bin and a good one
+    assert tail.worst_second(5.8) == 0.0  # the late bin left the window
+    tail.add(5.6, 60, 0)
+    tail.add(6.0, 50, 5)
+    assert tail.worst_second(6.1) == pytest.approx(5 / 110)  # a second with 60 + 50 answers, 5 late
+    assert tail.worst_second(6.1, least=200) == 0.0
+    tail.clear()
+    tail.add(7.0, 50, 5)
+    assert tail.worst_second(7.1) == 0.0  # 50 answered in that second: too few to tell a 1% share
+
+
 def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_workers() -> None:
     # a = 20, b = 5, SLA 200: at 100 req/s one worker holds the load (n_need 7 <= cap 15)
     raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
@@ -226,8 +245,8 @@ def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_
         fit.add(n, 20.0 + 5.0 * n)
     policy = make_policy(settings, Knobs(15, 0.0, 1))
 
-    def at(now: float, knobs: Knobs, late: float) -> View:
-        return View(now, now, 100.0, 0, 0, knobs, settings, fit, 0.0, late_share=late)
+    def at(now: float, knobs: Knobs, late: float, rate: float = 100.0) -> View:
+        return View(now, now, rate, 0, 0, knobs, settings, fit, 0.0, late_share=late)
 
     one = Knobs(15, 0.0, 1)
     assert policy.decide(at(0.0, one, 0.0)) is None
@@ -238,16 +257,43 @@ def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_
     # the law asks for one worker again; a late answer in the window holds two, however long
     for tick in range(300):
         assert policy.decide(at(1.0 + tick * 0.1, two, 0.005)) is None
-    # none late: down to the law's one after WORKERS_HOLD_S (meanwhile the two workers' cap may move)
-    knobs, tick = two, 0
+    # none late: the law asks for one worker, but the tail needed two at 100 req/s: held while the rate stays within
+    # DEADBAND (15%) of it, however long
+    knobs = two
+    for tick in range(600):
+        decision = policy.decide(at(40.0 + tick * 0.1, knobs, 0.0, rate=100.0 if tick % 2 else 86.0))
+        knobs = decision.knobs if decision is not None else knobs
+        assert knobs.workers == 2
+    assert decision is None or "tail_held" in decision.why
+    # the rate down past 15% below it: the law's one after WORKERS_HOLD_S (meanwhile the two workers' cap may move)
+    tick = 0
     while knobs.workers == 2:
-        decision = policy.decide(at(40.0 + tick * 0.1, knobs, 0.0))
+        decision = policy.decide(at(100.0 + tick * 0.1, knobs, 0.0, rate=80.0))
         knobs = decision.knobs if decision is not None else knobs
         tick += 1
     assert tick * 0.1 == pytest.approx(WORKERS_HOLD_S + 0.1)
+    # ... and forgotten: back at 100 req/s with none late, the law's one worker stays
+    assert all(policy.decide(at(130.0 + t * 0.1, knobs, 0.0)) is None for t in range(300))
     # at the bounds' most, late answers hold the workers there are
     three = Knobs(knobs.batch_size, 0.0, 3)
-    assert policy.decide(at(70.0, three, 0.5)) is None
+    assert policy.decide(at(170.0, three, 0.5)) is None
+
+
+def test_a_late_second_asks_one_worker_more_though_the_window_is_inside() -> None:
+    # the same model and load as above: 0.5% late over 5 s is inside the P99's 1%, but one second of it had 2%
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
+    settings = parse_settings(raw)
+    fit = ServiceFit()
+    for n in (1, 4, 2, 8, 3, 6, 12):
+        fit.add(n, 20.0 + 5.0 * n)
+    policy = make_policy(settings, Knobs(15, 0.0, 1))
+    one = Knobs(15, 0.0, 1)
+    inside = View(0.0, 0.0, 100.0, 0, 0, one, settings, fit, 0.0, late_share=0.005, late_second=0.01)
+    assert policy.decide(inside) is None
+    late = View(0.1, 0.1, 100.0, 0, 0, one, settings, fit, 0.0, late_share=0.005, late_second=0.02)
+    up = policy.decide(late)
+    assert up is not None and up.knobs.workers == 2
+    assert up.why["tail"] == {"late_share": 0.005, "late_second": 0.02, "workers": 2}
 
 
 def test_the_controller_counts_late_answers_and_forgets_them_when_the_workers_change() -> None:
@@ -260,6 +306,12 @@ def test_the_controller_counts_late_answers_and_forgets_them_when_the_workers_ch
             controller.finished("w1", size, "full", queued, math.nan, 45.0)
         assert controller.view().late_share == pytest.approx(1 / 24)
         assert controller.describe()["lateShare"] == pytest.approx(1 / 24, abs=1e-4)
+        assert controller.view().late_second == 0.0  # 24 answers: too few to tell a second's 1%
+        for _ in range(10):
+            controller.dispatched("w1", 10)
+            controller.finished("w1", 10, "full", 0.0, math.nan, 45.0)
+        assert controller.view().late_second == pytest.approx(1 / 124)
+        assert controller.describe()["lateSecond"] == pytest.approx(1 / 124, abs=1e-4)
         controller.apply(controller.view(), Decision(Knobs(8, 0.0, 2), {}))  # a scale: the tail starts again
         assert controller.view().late_share == 0.0
         await controller.close()

@@ -181,6 +181,7 @@ class Controller:
             fits=self.fits,
             cores=self.actuator.cores() if self.settings.threads is not None else 0,
             late_share=self.tail.share(now),
+            late_second=self.tail.worst_second(now),
         )
 
     async def tick(self) -> None:
@@ -365,6 +366,7 @@ class Controller:
             "knobs": knobs.to_json(),
             "arrivalRate": round(self.meter.rate(now), 2),
             "lateShare": round(self.tail.share(now), 4),
+            "lateSecond": round(self.tail.worst_second(now), 4),
             **self._by_threads(),
             "fit": {
                 "a_ms": round(found[0], 3) if found else None,

@@ -81,6 +81,21 @@ class TailMeter(_Bins):
         done = sum(self._rings[0])
         return sum(self._rings[1]) / done if done >= least else 0.0
 
+    def worst_second(self, now: float, least: int = 100) -> float:
+        """The largest late share of any second in the window (two bins of 0.5 s, the one now included) in which at
+        least ``least`` requests were answered (a 1% share is told by a second of 100 answers, not of 20); 0 if none
+        had as many. The window's share averages a late second with four good ones; a P99 read per second does not."""
+        b = self._bin_at(now)
+        span = max(1, round(1.0 / self.bin_s))
+        done, late = self._rings
+        worst = 0.0
+        for end in range(b, b - self._n + span - 1, -1):
+            bins = [i % self._n for i in range(end - span + 1, end + 1)]
+            answered = sum(done[i] for i in bins)
+            if answered >= least:
+                worst = max(worst, sum(late[i] for i in bins) / answered)
+        return worst
+
 
 @dataclass
 class _Sums:

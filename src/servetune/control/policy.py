@@ -73,6 +73,7 @@ class View:
     fits: dict[int, ServiceFit] = field(default_factory=dict)  # with ``bounds.threads``: one per thread count
     cores: int = 0  # the cores this model's workers may take between them (0: not told)
     late_share: float = 0.0  # of the requests answered in the last 5 s (since the workers last changed), the late
+    late_second: float = 0.0  # in that time, the worst second's late share (of seconds with 100 answers or more)
 
     def thread_cost(self, threads: int) -> ThreadCost | None:
         """What is known of a batch at ``threads`` per worker (:func:`thread_cost`)."""

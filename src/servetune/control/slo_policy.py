@@ -14,8 +14,11 @@ apply: the knobs do not flap on a rate that wobbles.
 
 The tail checks the law: the law's worst case takes the workers' batches as staggered, and Poisson bursts at
 ρ = 0.8 queue past it. When more than the SLA's share (``TAIL_SHARE``: 1% for a P99, 5% for a P95; a mean has no
-tail to check) of the answers since the workers last changed (within 5 s) came late, one worker more than there are
-is asked at once (within bounds); while any came late, none fewer.
+tail to check) of the answers since the workers last changed (within 5 s), or of any second in that time with 100
+answers or more, came late, one worker more than there are is asked at once (within bounds); while any came late,
+none fewer. A count the tail asked for past the law is remembered with the rate it was needed at (the least, if
+asked again) and held while the rate stays within ``DEADBAND`` of it: without it the law took the worker back 20 s
+later and the same load was late again.
 
 Before b is told, the workers are as many as a batch costing in proportion to its size needs (up only).
 
@@ -69,6 +72,7 @@ class SloPolicy:
         self._cap_up = False  # that side: above
         self._cap_asked = 0  # the least change asked since then
         self._started = False
+        self._tail_rates: dict[int, float] = {}  # workers the tail asked for past the law -> the least rate it did
 
     def observe(self, batch: BatchSeen) -> None:
         """The fit is the controller's; nothing of its own to learn."""
@@ -133,8 +137,18 @@ class SloPolicy:
         # answer holds the workers there are
         tail = self._tail_workers(view, want.workers)
         if tail != want.workers:
-            why["tail"] = {"late_share": round(view.late_share, 4), "workers": tail}
+            late: dict[str, object] = {"late_share": round(view.late_share, 4), "workers": tail}
+            if view.late_second > 0.0:
+                late["late_second"] = round(view.late_second, 4)
+            why["tail"] = late
+            if tail > now.workers:  # the tail asked for one more than there are: remembered at this rate
+                self._tail_rates[tail] = min(self._tail_rates.get(tail, math.inf), view.rate)
             want = replace(want, workers=tail)
+        # ... and held while the rate stays within DEADBAND of the least rate it was needed at
+        kept = max((w for w, r in self._tail_rates.items() if view.rate >= (1.0 - DEADBAND) * r), default=0)
+        if kept > want.workers:
+            why["tail_held"] = {"workers": kept, "rate": round(self._tail_rates[kept], 1)}
+            want = replace(want, workers=min(kept, self._most_workers(view, view.knobs.threads)))
         # workers: up at once, down after WORKERS_HOLD_S
         workers = now.workers
         if want.workers > now.workers:
@@ -145,6 +159,8 @@ class SloPolicy:
                 workers, self._fewer_since = want.workers, None
         else:
             self._fewer_since = None
+        # a count the workers went below is forgotten: the rate fell and stayed down (WORKERS_HOLD_S)
+        self._tail_rates = {w: r for w, r in self._tail_rates.items() if w <= workers}
         threads = self._threads(view, want.threads, workers)
         budget = s.target_ms - view.margin_ms - SLACK_MS
         held = costs.get(threads) or ThreadCost(cost, cautious, measured_bounds(s.batch_size, view.fit.largest))
@@ -191,14 +207,15 @@ class SloPolicy:
     def _tail_workers(self, view: View, law_workers: int) -> int:
         """The law's workers checked against what came late lately (``view.late_share``, since the workers last
         changed): more than the SLA's share late (TAIL_SHARE: its percentile missed) asks one worker more than there
-        are, within bounds (and the cores, at the threads now, when threads are moved); any late answer keeps the
-        workers there are. The law's worst case takes the workers' batches as staggered; Poisson bursts at ρ = 0.8
-        queue past it, and only the answers show by how much."""
+        are, within bounds (and the cores, at the threads now, when threads are moved), as does a second with 100
+        answers or more past that share; any late answer keeps the workers there are. The law's worst case takes the
+        workers' batches as staggered; Poisson bursts at ρ = 0.8 queue past it, and only the answers show by how
+        much."""
         share, now = view.late_share, view.knobs.workers
         allowed = TAIL_SHARE.get(self.settings.target)
         if share <= 0.0 or allowed is None:
             return law_workers
-        wanted = now + 1 if share > allowed else now
+        wanted = now + 1 if max(share, view.late_second) > allowed else now
         return max(law_workers, min(self._most_workers(view, view.knobs.threads), wanted))
 
     def _guessed_workers(self, view: View, per_request_ms: float, threads: int) -> int:
