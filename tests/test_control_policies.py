@@ -7,6 +7,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from servetune.control import BatchSeen, Controller, Decision, Knobs, View, deci
 from servetune.control.controller import MIN_SHED_BATCHES, HeldKnobs, late_in_batch
 from servetune.control.decisions import DecisionLog
 from servetune.control.estimate import ServiceFit, TailMeter
+from servetune.control.settings import ControlSettings
 from servetune.control.slo_policy import WORKERS_HOLD_S
 
 SLO = {"p99_ms": 100}
@@ -236,14 +238,19 @@ def test_the_tail_meter_tells_the_worst_second_of_the_window() -> None:
     assert tail.worst_second(7.1) == 0.0  # 50 answered in that second: too few to tell a 1% share
 
 
-def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_workers() -> None:
-    # a = 20, b = 5, SLA 200: at 100 req/s one worker holds the load (n_need 7 <= cap 15)
-    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
+def tail_policy(slo: str) -> tuple[ControlSettings, ServiceFit, Any]:
+    """a = 20, b = 5, SLA 200 ms (``slo``), workers 1-3: at 100 req/s one worker holds the load (n_need 7 <= cap 15)."""
+    raw: dict[str, object] = {"slo": {slo: 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
     settings = parse_settings(raw)
     fit = ServiceFit()
     for n in (1, 4, 2, 8, 3, 6, 12):
         fit.add(n, 20.0 + 5.0 * n)
-    policy = make_policy(settings, Knobs(15, 0.0, 1))
+    return settings, fit, make_policy(settings, Knobs(15, 0.0, 1))
+
+
+def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_workers() -> None:
+    # a = 20, b = 5, SLA 200: at 100 req/s one worker holds the load (n_need 7 <= cap 15)
+    settings, fit, policy = tail_policy("p99_ms")
 
     def at(now: float, knobs: Knobs, late: float, rate: float = 100.0) -> View:
         return View(now, now, rate, 0, 0, knobs, settings, fit, 0.0, late_share=late)
@@ -281,12 +288,7 @@ def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_
 
 def test_a_late_second_asks_one_worker_more_though_the_window_is_inside() -> None:
     # the same model and load as above: 0.5% late over 5 s is inside the P99's 1%, but one second of it had 2%
-    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
-    settings = parse_settings(raw)
-    fit = ServiceFit()
-    for n in (1, 4, 2, 8, 3, 6, 12):
-        fit.add(n, 20.0 + 5.0 * n)
-    policy = make_policy(settings, Knobs(15, 0.0, 1))
+    settings, fit, policy = tail_policy("p99_ms")
     one = Knobs(15, 0.0, 1)
     inside = View(0.0, 0.0, 100.0, 0, 0, one, settings, fit, 0.0, late_share=0.005, late_second=0.01)
     assert policy.decide(inside) is None
@@ -322,11 +324,6 @@ def test_the_controller_counts_late_answers_and_forgets_them_when_the_workers_ch
 @pytest.mark.parametrize(("slo", "late", "workers"), [("p95_ms", 0.02, 1), ("p95_ms", 0.06, 2), ("mean_ms", 0.5, 1)])
 def test_the_tail_is_checked_against_the_slas_own_share(slo: str, late: float, workers: int) -> None:
     # a P95 SLA allows 5% late; a mean SLA has no tail to check (the law's one worker holds 100 req/s, as above)
-    raw: dict[str, object] = {"slo": {slo: 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 3]}}
-    settings = parse_settings(raw)
-    fit = ServiceFit()
-    for n in (1, 4, 2, 8, 3, 6, 12):
-        fit.add(n, 20.0 + 5.0 * n)
-    policy = make_policy(settings, Knobs(15, 0.0, 1))
+    settings, fit, policy = tail_policy(slo)
     decision = policy.decide(View(0.0, 0.0, 100.0, 0, 0, Knobs(15, 0.0, 1), settings, fit, 0.0, late_share=late))
     assert (decision.knobs.workers if decision is not None else 1) == workers
