@@ -135,10 +135,16 @@ def test_invalid_settings_name_the_key(raw: dict[str, object], key: str) -> None
 
 
 def _view(
-    now: float, rate: float, knobs: Knobs, fit: ServiceFit, settings_raw: dict[str, object], margin_ms: float = 0.0
+    now: float,
+    rate: float,
+    knobs: Knobs,
+    fit: ServiceFit,
+    settings_raw: dict[str, object],
+    margin_ms: float = 0.0,
+    reserve: int = 0,
 ) -> View:
     settings = parse_settings(settings_raw)
-    return View(now, now, rate, 0, 0, knobs, settings, fit, margin_ms)
+    return View(now, now, rate, 0, 0, knobs, settings, fit, margin_ms, reserve=reserve)
 
 
 def _exact_fit(sizes: tuple[int, ...] = (1, 4, 2, 8, 3, 6, 12)) -> ServiceFit:
@@ -159,10 +165,19 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     assert step.why["margin_ms"] == 0.0 and step.why["law"]["worst_ms"] == pytest.approx(1.5 * (20 + 5 * 22))
     high = step.knobs
     assert policy.decide(_view(1.1, 200.0 * 1.05, high, fit, raw)) is None  # no flap
-    assert policy.decide(_view(2.0, 20.0, high, fit, raw)) is None  # the load fell: held ...
-    assert policy.decide(_view(2.0 + WORKERS_HOLD_S / 2, 20.0, high, fit, raw)) is None
-    back = policy.decide(_view(2.0 + WORKERS_HOLD_S, 20.0, high, fit, raw))
-    assert back is not None and back.knobs == low  # ... for WORKERS_HOLD_S
+    # the load fell: the second worker is held (for WORKERS_HOLD_S) in reserve at once, and the cap is the one
+    # collecting worker's at once too (22 on its own: 2 (20 + 110) = 260 ms, past the SLA)
+    fell = policy.decide(_view(2.0, 20.0, high, fit, raw))
+    assert fell is not None and fell.reserve == 1 and fell.knobs == Knobs(15, 0.0, 2) and fell.why["reserve"] == 1
+    held = fell.knobs
+    assert policy.decide(_view(2.0 + WORKERS_HOLD_S / 2, 20.0, held, fit, raw, reserve=1)) is None
+    back = policy.decide(_view(2.0 + WORKERS_HOLD_S, 20.0, held, fit, raw, reserve=1))
+    assert back is not None and back.knobs == low and back.reserve == 0  # ... for WORKERS_HOLD_S
+    # the load back within the hold: the reserve collects again at once, with the cap of two
+    policy.decide(_view(3.0 + WORKERS_HOLD_S, 200.0, low, fit, raw))
+    policy.decide(_view(4.0 + WORKERS_HOLD_S, 20.0, high, fit, raw))
+    again = policy.decide(_view(5.0 + WORKERS_HOLD_S, 200.0, held, fit, raw, reserve=1))
+    assert again is not None and again.knobs == high and again.reserve == 0
 
 
 def test_before_b_is_told_workers_follow_the_load_as_if_a_batch_cost_its_size() -> None:

@@ -252,38 +252,44 @@ def test_late_answers_past_the_slas_share_ask_one_worker_more_and_any_holds_the_
     # a = 20, b = 5, SLA 200: at 100 req/s one worker holds the load (n_need 7 <= cap 15)
     settings, fit, policy = tail_policy("p99_ms")
 
-    def at(now: float, knobs: Knobs, late: float, rate: float = 100.0) -> View:
-        return View(now, now, rate, 0, 0, knobs, settings, fit, 0.0, late_share=late)
+    def at(now: float, knobs: Knobs, late: float, rate: float = 100.0, reserve: int = 0) -> View:
+        return View(now, now, rate, 0, 0, knobs, settings, fit, 0.0, late_share=late, reserve=reserve)
 
     one = Knobs(15, 0.0, 1)
     assert policy.decide(at(0.0, one, 0.0)) is None
     assert policy.decide(at(0.1, one, 0.01)) is None  # 1%: inside the P99's share
     up = policy.decide(at(0.2, one, 0.02))  # 2% late: one more worker, at once
     assert up is not None and up.knobs.workers == 2 and up.why["tail"] == {"late_share": 0.02, "workers": 2}
-    two = up.knobs
+    # the law's one worker collects the batches; the tail's is held in reserve, and the cap stays the law's for one
+    assert up.reserve == 1 and up.knobs.batch_size == 15
+    two, reserve = up.knobs, up.reserve
     # the law asks for one worker again; a late answer in the window holds two, however long
     for tick in range(300):
-        assert policy.decide(at(1.0 + tick * 0.1, two, 0.005)) is None
+        assert policy.decide(at(1.0 + tick * 0.1, two, 0.005, reserve=reserve)) is None
     # none late: the law asks for one worker, but the tail needed two at 100 req/s: held while the rate stays within
     # DEADBAND (15%) of it, however long
     knobs = two
     for tick in range(600):
-        decision = policy.decide(at(40.0 + tick * 0.1, knobs, 0.0, rate=100.0 if tick % 2 else 86.0))
-        knobs = decision.knobs if decision is not None else knobs
-        assert knobs.workers == 2
+        decision = policy.decide(at(40.0 + tick * 0.1, knobs, 0.0, 100.0 if tick % 2 else 86.0, reserve))
+        if decision is not None:
+            knobs, reserve = decision.knobs, decision.reserve
+        assert knobs.workers == 2 and reserve == 1
     assert decision is None or "tail_held" in decision.why
-    # the rate down past 15% below it: the law's one after WORKERS_HOLD_S (meanwhile the two workers' cap may move)
+    # the rate down past 15% below it: the law's one after WORKERS_HOLD_S (meanwhile the two workers' cap may move),
+    # the second held in reserve until then
     tick = 0
     while knobs.workers == 2:
-        decision = policy.decide(at(100.0 + tick * 0.1, knobs, 0.0, rate=80.0))
-        knobs = decision.knobs if decision is not None else knobs
+        assert reserve == 1
+        decision = policy.decide(at(100.0 + tick * 0.1, knobs, 0.0, 80.0, reserve))
+        if decision is not None:
+            knobs, reserve = decision.knobs, decision.reserve
         tick += 1
-    assert tick * 0.1 == pytest.approx(WORKERS_HOLD_S + 0.1)
+    assert tick * 0.1 == pytest.approx(WORKERS_HOLD_S + 0.1) and reserve == 0
     # ... and forgotten: back at 100 req/s with none late, the law's one worker stays
     assert all(policy.decide(at(130.0 + t * 0.1, knobs, 0.0)) is None for t in range(300))
-    # at the bounds' most, late answers hold the workers there are
+    # at the bounds' most, late answers hold the workers there are (two of them in reserve)
     three = Knobs(knobs.batch_size, 0.0, 3)
-    assert policy.decide(at(170.0, three, 0.5)) is None
+    assert policy.decide(at(170.0, three, 0.5, reserve=2)) is None
 
 
 def test_a_late_second_asks_one_worker_more_though_the_window_is_inside() -> None:

@@ -55,8 +55,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
     logged["sleep"] = {"record": str(tmp / "rec")}
     sleep_archive(store, "logged", batch_ms=5, item_ms=1, model_config=logged)
     sleep_archive(store, "plain", batch_ms=300)  # no controller
+    held = {"batchSize": 8, "controller": {**STEP["controller"], "log": str(tmp / "logs" / "held.jsonl")}}
+    sleep_archive(store, "held", batch_ms=20, item_ms=5, model_config=held)
     properties = {"disable_token_authorization": "true", "default_workers_per_model": "1", "enable_model_api": "true"}
-    models = {"step": "step.mar", "shed": "shed.mar", "logged": "logged.mar", "plain": "plain.mar"}
+    models = {"step": "step.mar", "shed": "shed.mar", "logged": "logged.mar", "plain": "plain.mar", "held": "held.mar"}
     with EmbeddedServer(store, models, properties, workdir=tmp / "server") as running:
         running.tmp = tmp  # type: ignore[attr-defined]
         yield running
@@ -137,6 +139,31 @@ def test_after_a_load_step_the_knobs_settle_where_the_cost_says(server: Embedded
     wait_for(lambda: band[0] <= describe(server, "step")["knobs"]["batch_size"] <= band[1], 4, f"a cap in {band}")
     # Whether P99 stays inside the SLA after the step is a latency figure of this host (a slow shared machine made
     # 41 of 500 late with the right knobs): benchmarks/controller_vs_baselines.py measures it, a test does not.
+
+
+def test_a_worker_held_after_the_load_fell_waits_in_reserve_and_leaves_the_batches_to_the_other(
+    server: EmbeddedServer,
+) -> None:
+    """The STEP model: at 150 req/s two workers collect batches; the load back at 20 req/s, the law wants one and the
+    second is held for WORKERS_HOLD_S in reserve: every batch then runs on the first worker, none is due at its
+    deadline (one worker at 20 req/s: batches of ~25 ms, against 200 ms), and describe says so."""
+    tmp: Path = server.tmp  # type: ignore[attr-defined]
+    with ThreadPoolExecutor(64) as pool:
+        futures, _ = open_loop(server, "held", [(2.5, 150.0), (3.0, 20.0)], pool)
+        assert describe(server, "held")["reserveWorkers"] == 1
+        assert metric_values(server, "servetune_controller_reserve_workers", "held") == {"": 1.0}
+        replies = [f.result() for f in futures]
+    assert {r.status for r in replies} == {200}
+    time.sleep(0.3)  # the log is flushed every tick
+    lines = [json.loads(line) for line in (tmp / "logs" / "held.jsonl").read_text().splitlines()]
+    changes = [r for r in lines if r["kind"] == "knobs"]
+    held = next(r for r in changes if r["new"]["reserve"] == 1)
+    assert held["new"]["workers"] == 2 and held["old"]["reserve"] == 0 and held["why"]["reserve"] == 1
+    batches = [r for r in lines if r["kind"] == "batch"]
+    before = {b["worker"] for b in batches if b["t"] < held["t"]}
+    after = [b for b in batches if b["t"] > held["t"] + 0.2]
+    assert len(before) == 2  # both collected while the load needed them
+    assert after and {b["worker"] for b in after} == {"9000"} and not [b for b in after if b["reason"] == "reserve"]
 
 
 def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can(server: EmbeddedServer) -> None:
@@ -277,7 +304,7 @@ def test_knob_changes_lose_and_duplicate_no_request(server: EmbeddedServer) -> N
         described = describe(server, "churn")
         assert described["knobChanges"] >= 6
         assert {json.dumps(c["new"], sort_keys=True) for c in described["recentChanges"]} >= {
-            json.dumps({"batch_size": 8, "max_batch_delay_ms": 20.0, "workers": 2}, sort_keys=True)
+            json.dumps({"batch_size": 8, "max_batch_delay_ms": 20.0, "workers": 2, "reserve": 0}, sort_keys=True)
         }
     finally:
         call("DELETE", f"{server.management_url}/models/churn")

@@ -152,6 +152,45 @@ def test_batcher_drops_a_job_whose_deadline_passed() -> None:
     asyncio.run(main())
 
 
+def test_a_reserve_worker_takes_only_what_is_due_and_collects_again_once_released() -> None:
+    """A worker a controller holds in reserve takes the oldest requests only when they must go to make their deadline
+    (``dispatch_by``: here 0.2 s after the oldest arrived), never what a collecting worker takes first; released from
+    the reserve, it collects as any other does."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(batch_size=4, max_delay_s=0.0, capacity=10)
+        batcher.dispatch_by = lambda first, queued: first + 0.2
+        held = [True]
+        batcher.put(_job(loop, "a"))
+        start = time.monotonic()
+        reserve = asyncio.create_task(batcher.next_batch(lambda: held[0]))
+        await asyncio.sleep(0.05)
+        batcher.put(_job(loop, "b"))  # an arrival wakes it: still not due
+        await asyncio.sleep(0.05)
+        assert not reserve.done()
+        taken = await reserve
+        assert [j.request.request_id for j in taken] == ["a", "b"] and batcher.last_reason == "reserve"
+        assert 0.19 <= time.monotonic() - start < 0.4
+
+        # a collecting worker takes what arrives at once; the reserve takes nothing of it
+        reserve = asyncio.create_task(batcher.next_batch(lambda: held[0]))
+        batcher.put(_job(loop, "c"))
+        assert [j.request.request_id for j in await batcher.next_batch()] == ["c"]
+        await asyncio.sleep(0.3)
+        assert not reserve.done() and len(batcher) == 0
+
+        # released: it collects the next arrival at once, long before the deadline would call the reserve
+        held[0] = False
+        batcher.wake_reserve()
+        batcher.put(_job(loop, "d"))
+        start = time.monotonic()
+        assert [j.request.request_id for j in await reserve] == ["d"] and batcher.last_reason != "reserve"
+        assert time.monotonic() - start < 0.15
+
+    asyncio.run(main())
+
+
 def test_batcher_answers_a_queued_deadline_at_the_deadline() -> None:
     """Nobody asks for a batch (every worker busy): a queued job is answered 504 at its deadline, and leaves the
     queue; a job taken into a batch before its deadline is left alone when the deadline passes while it runs."""

@@ -26,7 +26,7 @@ from servetune.control.settings import ControlSettings, Knobs
 
 log = logging.getLogger("servetune.control")
 
-REASONS = ("full", "delay", "deadline", "solo")
+REASONS = ("full", "delay", "deadline", "solo", "reserve")
 ERROR_DECAY = 0.98
 MARGIN_SHARE = 0.15
 MIN_SHED_BATCHES = 5  # a cold model sheds nothing: its first batches (a worker warming up) tell its cost poorly
@@ -53,6 +53,12 @@ class Actuator(Protocol):
         """Intra-op threads per worker, from the next batch each worker runs (ApiError: the pinned cores do not fit)."""
         ...
 
+    def set_reserve(self, workers: int) -> None:
+        """Hold the newest ``workers`` workers in reserve: each takes a batch only when its oldest request must go
+        then to make its deadline and no other worker took it (``dispatch_by``; a backend of one worker per
+        queue holds none)."""
+        ...
+
     def cores(self) -> int:
         """The cores this model's workers may take between them: the host's, less what other models' workers take."""
         ...
@@ -66,6 +72,7 @@ class HeldKnobs:
         self.now = knobs
         self.queue = queue
         self.spare = cores
+        self.reserve = 0
 
     def knobs(self) -> Knobs:
         return self.now
@@ -81,6 +88,9 @@ class HeldKnobs:
 
     def set_threads(self, threads: int) -> None:
         self.now = replace(self.now, threads=threads)
+
+    def set_reserve(self, workers: int) -> None:
+        self.reserve = workers
 
     def cores(self) -> int:
         return self.spare
@@ -113,6 +123,7 @@ class Controller:
         self.batches = dict.fromkeys(REASONS, 0)
         self.shed_count = 0
         self.knob_changes = 0
+        self.reserve = 0  # of the workers, how many the policy holds in reserve (they take only deadline batches)
         self.predicted_ms_sum = 0.0  # over the batches that had a prediction
         self.actual_ms_sum = 0.0
         self.predicted_batches = 0
@@ -182,6 +193,7 @@ class Controller:
             cores=self.actuator.cores() if self.settings.threads is not None else 0,
             late_share=self.tail.share(now),
             late_second=self.tail.worst_second(now),
+            reserve=self.reserve,
         )
 
     async def tick(self) -> None:
@@ -216,7 +228,8 @@ class Controller:
             new = replace(new, threads=old.threads)
         if self._worker_cap is not None and new.workers > self._worker_cap:
             new = replace(new, workers=self._worker_cap)
-        if new == old:
+        reserve = max(0, min(decision.reserve, new.workers - 1))
+        if new == old and reserve == self.reserve:
             return
         if (new.batch_size, new.max_batch_delay_ms) != (old.batch_size, old.max_batch_delay_ms):
             self.actuator.set_batching(new.batch_size, new.max_batch_delay_ms)
@@ -233,7 +246,12 @@ class Controller:
             else:
                 self._scaling = asyncio.create_task(self._scale(new.workers))
                 self.tail.clear()  # what came late with the workers before says nothing of these
-        if new == old:
+        reserve = min(reserve, new.workers - 1)  # the scale may have been held back
+        old_reserve = self.reserve
+        if reserve != old_reserve:
+            self.actuator.set_reserve(reserve)
+            self.reserve = reserve
+        if new == old and reserve == old_reserve:
             return
         self.knob_changes += 1
         self.log.change(
@@ -241,8 +259,8 @@ class Controller:
                 "t": round(view.elapsed_s, 3),
                 "kind": "knobs",
                 "policy": self.policy.name,
-                "old": old.to_json(),
-                "new": new.to_json(),
+                "old": {**old.to_json(), "reserve": old_reserve},
+                "new": {**new.to_json(), "reserve": reserve},
                 "rate": round(view.rate, 1),
                 "queue": view.queue,
                 "why": decision.why,
@@ -364,6 +382,7 @@ class Controller:
             "settings": self.settings.to_json(),
             "state": "fitted" if found is not None else ("measuring" if self.fit.count else "waiting"),
             "knobs": knobs.to_json(),
+            "reserveWorkers": self.reserve,
             "arrivalRate": round(self.meter.rate(now), 2),
             "lateShare": round(self.tail.share(now), 4),
             "lateSecond": round(self.tail.worst_second(now), 4),

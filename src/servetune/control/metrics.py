@@ -1,10 +1,13 @@
 """The controllers' Prometheus metrics, read when scraped (a collector the backend registers with its metrics):
 
-- ``servetune_controller_batches_total{reason}``: batches dispatched, by why they went (full, delay, deadline, solo);
+- ``servetune_controller_batches_total{reason}``: batches dispatched, by why they went (full, delay, deadline, solo,
+  reserve: taken by a worker held in reserve at its oldest request's deadline);
 - ``servetune_controller_shed_total``: requests answered 503 because they were predicted to miss their deadline;
 - ``servetune_controller_knob_changes_total``;
 - ``servetune_controller_batch_size``, ``..._max_batch_delay_ms``, ``..._workers``: the knobs now, and
   ``..._threads`` (intra-op threads per worker) for a controller that moves them (``bounds.threads``);
+- ``servetune_controller_reserve_workers``: of the workers, those held in reserve (they take only batches due at
+  their deadline);
 - ``servetune_controller_arrival_rate``: requests per second, last half second;
 - ``servetune_controller_predicted_batch_ms_total`` and ``..._actual_batch_ms_total`` over
   ``servetune_controller_predicted_batches_total``: how good the predictions are.
@@ -44,6 +47,7 @@ class ControllerMetrics:
             "workers": GaugeMetricFamily(p + "workers", "Workers now", labels=labels),
             "threads": GaugeMetricFamily(p + "threads", "Intra-op threads per worker now", labels=labels),
         }
+        reserve = GaugeMetricFamily(p + "reserve_workers", "Workers held in reserve now", labels=labels)
         rate = GaugeMetricFamily(p + "arrival_rate", "Arrivals per second, last half second", labels=labels)
         for c in self._controllers():
             key = [c.name, c.version, *self._values]
@@ -58,8 +62,9 @@ class ControllerMetrics:
             for name, gauge in gauges.items():
                 if name in knobs:  # threads: only where the controller moves them
                     gauge.add_metric(key, float(knobs[name]))
+            reserve.add_metric(key, float(c.reserve))
             rate.add_metric(key, c.meter.rate(c.clock()))
-        yield from (batches, shed, changes, predicted, predicted_ms, actual_ms, *gauges.values(), rate)
+        yield from (batches, shed, changes, predicted, predicted_ms, actual_ms, *gauges.values(), reserve, rate)
 
 
 __all__ = ["ControllerMetrics"]

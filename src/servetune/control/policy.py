@@ -24,7 +24,7 @@ class BatchSeen:
     """One finished batch."""
 
     size: int
-    reason: str  # "full", "delay", "deadline", "solo"
+    reason: str  # "full", "delay", "deadline", "solo", "reserve"
     oldest_queue_ms: float  # the oldest request's wait before the batch went
     predicted_ms: float | None  # the batch's time as the fit predicted it at dispatch
     actual_ms: float  # dispatch to answers back
@@ -74,6 +74,7 @@ class View:
     cores: int = 0  # the cores this model's workers may take between them (0: not told)
     late_share: float = 0.0  # of the requests answered in the last 5 s (since the workers last changed), the late
     late_second: float = 0.0  # in that time, the worst second's late share (of seconds with 100 answers or more)
+    reserve: int = 0  # of the workers, how many are held in reserve (they take only batches due at their deadline)
 
     def thread_cost(self, threads: int) -> ThreadCost | None:
         """What is known of a batch at ``threads`` per worker (:func:`thread_cost`)."""
@@ -102,6 +103,9 @@ class Decision:
 
     knobs: Knobs
     why: dict[str, Any]
+    # of ``knobs.workers``, how many to hold in reserve: the newest, taking a batch only when its oldest request must
+    # go then to make its deadline and no other worker took it (workers kept for bursts, not for the steady load)
+    reserve: int = 0
 
 
 class Policy(Protocol):

@@ -64,6 +64,9 @@ class ReplicaActuator:
     def set_threads(self, threads: int) -> None:
         raise ApiError.bad_request("a replica's threads are fixed when Ray reserves its CPUs")
 
+    def set_reserve(self, workers: int) -> None:
+        """A replica is one worker: none is held in reserve (its policy never asks, its workers are fixed at 1)."""
+
     def cores(self) -> int:
         return 1
 

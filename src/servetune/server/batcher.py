@@ -3,12 +3,17 @@ requests within ``max_delay`` of that request's arrival (not of the moment a wor
 TorchServe does: pytorch/serve#2478), or sooner when a controller says the oldest request would miss its deadline
 (``dispatch_by``). Idle workers take turns collecting; the queue is bounded. A queued job whose deadline passes is
 answered at the deadline (a timer per job that has one), not when a worker next asks for a batch.
+
+A worker a controller holds in reserve (``next_batch(reserve=...)``) does not collect: it takes the queue's oldest
+requests only at the moment they must go to make their deadline (``dispatch_by``) when no other worker took them
+first, so that a worker kept for bursts does not split the steady load into smaller batches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,11 +69,13 @@ class Batcher:
         self._queue: collections.deque[Job] = collections.deque()
         self._arrived = asyncio.Event()
         self._collecting = asyncio.Lock()
+        self._reserve_wake = asyncio.Event()  # an arrival, or a change of which workers are held in reserve
+        self._reserve_waiting = 0
         self.dropped_disconnected = 0
         # A controller's (``servetune.control``): given the first request's arrival and the requests queued, the
         # latest time the batch may go for its oldest request to make its deadline; None: the delay alone decides.
         self.dispatch_by: Callable[[float, int], float] | None = None
-        self.last_reason = "delay"  # why the last batch went: "full", "delay", "deadline" or "solo"
+        self.last_reason = "delay"  # why the last batch went: "full", "delay", "deadline", "solo" or "reserve"
 
     def reconfigure(self, batch_size: int, max_delay_s: float) -> None:
         """New limits, used from the batch being collected on (a collector waiting for more re-checks now)."""
@@ -77,6 +84,11 @@ class Batcher:
         self.batch_size = batch_size
         self.max_delay_s = max_delay_s
         self._arrived.set()
+        self._reserve_wake.set()
+
+    def wake_reserve(self) -> None:
+        """Which workers are held in reserve changed: those waiting as reserve look again."""
+        self._reserve_wake.set()
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -91,6 +103,8 @@ class Batcher:
         self._queue.append(job)
         self._expire_at_deadline(job)
         self._arrived.set()
+        if self._reserve_waiting:  # a larger batch takes longer: its oldest request must go sooner
+            self._reserve_wake.set()
 
     def put_front(self, jobs: list[Job]) -> None:
         """Return jobs to the head of the queue (a retry after a worker died), ignoring capacity."""
@@ -147,8 +161,24 @@ class Batcher:
         while self._queue and self._queue[0].abandoned:
             self._discard(self._queue.popleft())
 
-    async def next_batch(self) -> list[Job]:
-        """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost."""
+    def _take(self) -> list[Job]:
+        """Up to ``batch_size`` jobs from the head of the queue (not past a solo one), the abandoned dropped."""
+        batch: list[Job] = []
+        while self._queue and len(batch) < self.batch_size and not self._queue[0].solo:
+            job = self._queue.popleft()
+            if job.abandoned:
+                self._discard(job)
+                continue
+            batch.append(job)
+        return batch
+
+    async def next_batch(self, reserve: Callable[[], bool] | None = None) -> list[Job]:
+        """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost. ``reserve``: while
+        it returns True (and a controller gives deadlines), the caller is a worker held in reserve (see the module)."""
+        while reserve is not None and self.dispatch_by is not None and reserve():
+            batch = await self._reserve_batch(reserve)
+            if batch:
+                return batch
         async with self._collecting:
             while True:
                 self._prune()
@@ -172,12 +202,31 @@ class Batcher:
                     if remaining <= 0 or not await self._wait_arrival(remaining):
                         self.last_reason = reason
                         break
-                batch: list[Job] = []
-                while self._queue and len(batch) < self.batch_size and not self._queue[0].solo:
-                    job = self._queue.popleft()
-                    if job.abandoned:
-                        self._discard(job)
-                        continue
-                    batch.append(job)
+                batch = self._take()
                 if batch:
                     return batch
+
+    async def _reserve_batch(self, reserve: Callable[[], bool]) -> list[Job]:
+        """A reserve worker's wait: the oldest requests at the moment they must go to make their deadline (reason
+        ``reserve``), or [] once the worker is no longer held in reserve."""
+        while reserve() and self.dispatch_by is not None:
+            self._prune()
+            timeout: float | None = None
+            if self._queue and not self._queue[0].solo:
+                due = self.dispatch_by(self._queue[0].arrival, len(self._queue)) - time.monotonic()
+                if due <= 0:
+                    batch = self._take()
+                    if batch:
+                        self.last_reason = "reserve"
+                        return batch
+                    continue
+                timeout = due if math.isfinite(due) else None
+            self._reserve_wake.clear()
+            self._reserve_waiting += 1
+            try:
+                await asyncio.wait_for(self._reserve_wake.wait(), timeout)
+            except TimeoutError:
+                pass
+            finally:
+                self._reserve_waiting -= 1
+        return []

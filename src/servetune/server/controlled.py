@@ -65,6 +65,9 @@ class ModelActuator:
     def set_threads(self, threads: int) -> None:
         self.model.set_threads(threads)
 
+    def set_reserve(self, workers: int) -> None:
+        self.model.pool.set_reserve(workers)
+
     def cores(self) -> int:
         return self.model.placement.spare_cores(self.model.key)
 

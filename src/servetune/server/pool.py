@@ -66,6 +66,7 @@ class WorkerPool:
         self._next_slot = 0
         self._lock = asyncio.Lock()
         self._starting: set[WorkerProcess] = set()  # workers loading their model (killed by ``close``)
+        self.reserve = 0  # the newest this many workers are held in reserve (a controller's; the batcher's module)
         control = model.control  # an online controller that moves the workers wants them started in milliseconds
         scales = control is not None and control.workers is not None and control.workers[0] < control.workers[1]
         self.forking = Forking(model.name, model.plan.worker_preload, model.model_dir, model.plan.manifest, scales)
@@ -94,6 +95,17 @@ class WorkerPool:
     @property
     def busy(self) -> bool:
         return any(s.busy for s in self._slots)
+
+    def set_reserve(self, workers: int) -> None:
+        """Hold the newest ``workers`` workers in reserve (always leaving one that collects batches)."""
+        self.reserve = max(0, workers)
+        self.model.batcher.wake_reserve()
+
+    def _in_reserve(self, slot: WorkerSlot) -> bool:
+        if not self.reserve:
+            return False
+        active = self.active
+        return slot in active and active.index(slot) >= max(1, len(active) - self.reserve)
 
     def position(self, slot: WorkerSlot) -> int:
         """The slot's place among the active ones (its cores follow it)."""
@@ -281,7 +293,7 @@ class WorkerPool:
             return None
         slot.waiting = True
         try:
-            batch = await self.model.batcher.next_batch()
+            batch = await self.model.batcher.next_batch(lambda: self._in_reserve(slot))
         except asyncio.CancelledError:
             if not slot.exit_cancel or slot.retiring or self.closed:
                 raise
@@ -338,6 +350,8 @@ class WorkerPool:
                 # finishes its batch before it stops.
                 victims = sorted(active, key=lambda s: (s.busy, -s.slot_id))[: len(active) - workers]
                 await asyncio.gather(*(self._retire(s) for s in victims))
+            if self.reserve:  # which workers are the newest changed
+                self.model.batcher.wake_reserve()
             if not self.active:
                 await self.forking.close()  # no worker left: the parent's memory goes too; the next scale starts one
 
