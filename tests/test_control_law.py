@@ -165,9 +165,11 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     assert step.why["margin_ms"] == 0.0 and step.why["law"]["worst_ms"] == pytest.approx(1.5 * (20 + 5 * 22))
     high = step.knobs
     assert policy.decide(_view(1.1, 200.0 * 1.05, high, fit, raw)) is None  # no flap
-    # the load fell: the second worker is held (for WORKERS_HOLD_S) in reserve at once, and the cap is the one
-    # collecting worker's at once too (22 on its own: 2 (20 + 110) = 260 ms, past the SLA)
-    fell = policy.decide(_view(2.0, 20.0, high, fit, raw))
+    # the load fell: the second worker is held for WORKERS_HOLD_S, and after HOLD_S in reserve (the law would want
+    # one even at DEADBAND more load), with the one collecting worker's cap (22 on its own: 2 (20 + 110) = 260 ms)
+    assert policy.decide(_view(2.0, 20.0, high, fit, raw)) is None
+    assert policy.decide(_view(2.0 + HOLD_S / 2, 20.0, high, fit, raw)) is None
+    fell = policy.decide(_view(2.0 + HOLD_S, 20.0, high, fit, raw))
     assert fell is not None and fell.reserve == 1 and fell.knobs == Knobs(15, 0.0, 2) and fell.why["reserve"] == 1
     held = fell.knobs
     assert policy.decide(_view(2.0 + WORKERS_HOLD_S / 2, 20.0, held, fit, raw, reserve=1)) is None
@@ -178,6 +180,23 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     policy.decide(_view(4.0 + WORKERS_HOLD_S, 20.0, high, fit, raw))
     again = policy.decide(_view(5.0 + WORKERS_HOLD_S, 200.0, held, fit, raw, reserve=1))
     assert again is not None and again.knobs == high and again.reserve == 0
+
+
+def test_a_rate_wobbling_about_the_line_between_two_counts_moves_no_worker_into_reserve() -> None:
+    # a = 20, b = 5, SLA 200: one worker at cap 15 carries 0.8 x 15 / 95 ms = 126 req/s. The rate steps between 120
+    # and 135 every 0.3 s for 30 s: the law asks for one worker and two by turns; 120 is within DEADBAND of the line,
+    # so the second keeps collecting (no reserve, no cap moved back and forth), and it never retires
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [1, 4]}}
+    fit = _exact_fit()
+    policy = make_policy(parse_settings(raw), Knobs(22, 0.0, 2))
+    knobs, reserve, changes = Knobs(22, 0.0, 2), 0, 0
+    for tick in range(300):
+        rate = 120.0 if (tick // 3) % 2 else 135.0
+        decision = policy.decide(_view(tick * 0.1, rate, knobs, fit, raw, reserve=reserve))
+        if decision is not None:
+            knobs, reserve, changes = decision.knobs, decision.reserve, changes + 1
+        assert knobs.workers == 2 and reserve == 0, (tick, knobs, reserve)
+    assert changes <= 1  # at most the cap grown once
 
 
 def test_before_b_is_told_workers_follow_the_load_as_if_a_batch_cost_its_size() -> None:

@@ -144,12 +144,13 @@ def test_after_a_load_step_the_knobs_settle_where_the_cost_says(server: Embedded
 def test_a_worker_held_after_the_load_fell_waits_in_reserve_and_leaves_the_batches_to_the_other(
     server: EmbeddedServer,
 ) -> None:
-    """The STEP model: at 150 req/s two workers collect batches; the load back at 20 req/s, the law wants one and the
-    second is held for WORKERS_HOLD_S in reserve: every batch then runs on the first worker, none is due at its
-    deadline (one worker at 20 req/s: batches of ~25 ms, against 200 ms), and describe says so."""
+    """The STEP model: at 150 req/s two workers collect batches; the load back at 20 req/s, the law wants one, and the
+    second is held for WORKERS_HOLD_S, in reserve after HOLD_S: every batch then runs on the first worker, none is
+    due at its deadline (one worker at 20 req/s: batches of ~25 ms, against 200 ms), and describe and the metrics
+    say so."""
     tmp: Path = server.tmp  # type: ignore[attr-defined]
     with ThreadPoolExecutor(64) as pool:
-        futures, _ = open_loop(server, "held", [(2.5, 150.0), (3.0, 20.0)], pool)
+        futures, _ = open_loop(server, "held", [(2.5, 150.0), (4.0, 20.0)], pool)
         assert describe(server, "held")["reserveWorkers"] == 1
         assert metric_values(server, "servetune_controller_reserve_workers", "held") == {"": 1.0}
         replies = [f.result() for f in futures]

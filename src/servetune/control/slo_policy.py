@@ -80,6 +80,7 @@ class SloPolicy:
         self._cap_asked = 0  # the least change asked since then
         self._started = False
         self._tail_rates: dict[int, float] = {}  # workers the tail asked for past the law -> the least rate it did
+        self._fewer_collect_since: float | None = None  # since when the law has asked for fewer collecting workers
 
     def observe(self, batch: BatchSeen) -> None:
         """The fit is the controller's; nothing of its own to learn."""
@@ -174,7 +175,7 @@ class SloPolicy:
         cautious = held.cautious
         # the workers past the law's (the tail's, or held for WORKERS_HOLD_S) are held in reserve: they take a batch
         # only when its oldest request must go then to make the SLA, so the steady load keeps the law's batches
-        reserve = max(0, workers - law.knobs.workers)
+        reserve = workers - self._collecting(view, rate, cost, cautious, law.knobs.workers, workers)
         if (workers, threads) != (want.workers, want.threads):  # workers or threads held: the cap those allow
             cap = batch_cap(cautious, budget, want.max_batch_delay_ms, held.batch_bounds, workers - reserve)
             want = Knobs(cap, want.max_batch_delay_ms, workers, threads)
@@ -198,6 +199,27 @@ class SloPolicy:
         if reserve:
             why["reserve"] = reserve
         return Decision(chosen, why, reserve) if chosen != now or reserve != view.reserve else None
+
+    def _collecting(self, view: View, rate: float, cost: Cost, cautious: Cost, law_workers: int, workers: int) -> int:
+        """Of ``workers``, how many collect batches (the rest are held in reserve): the law's count, more at once;
+        fewer only once the law has asked for fewer for HOLD_S without a break, and would even at DEADBAND more load
+        (a rate that wobbles about the line between two counts must not move the cap back and forth with them)."""
+        now = max(1, view.knobs.workers - view.reserve)
+        if law_workers >= now:
+            self._fewer_collect_since = None
+            return min(workers, law_workers)
+        _, higher = self._law(view, rate * (1.0 + DEADBAND), cost, cautious)
+        fewer = max(law_workers, higher.knobs.workers)
+        if fewer >= now:
+            self._fewer_collect_since = None
+            return min(workers, now)
+        since = self._fewer_collect_since = (
+            self._fewer_collect_since if self._fewer_collect_since is not None else view.now
+        )
+        if view.now - since >= HOLD_S:
+            self._fewer_collect_since = None
+            return min(workers, fewer)
+        return min(workers, now)
 
     def _law(self, view: View, rate: float, cost: Cost, cautious: Cost) -> tuple[dict[int, ThreadCost], LawResult]:
         """The law's knobs, and what it knew of each thread count it weighed (only the threads now, unless the
