@@ -171,6 +171,27 @@ def test_a_fit_from_a_cold_workers_slow_batches_does_not_shed_an_idle_model() ->
     asyncio.run(main())
 
 
+def test_a_reserve_worker_is_due_once_the_oldest_waited_past_what_the_law_allows() -> None:
+    # a = 25, b = 2.5, SLA 100 (2 ms of slack, no margin): 3 workers at cap 15, one in reserve. Two collecting
+    # workers free one every t(15) / 2 = 31.25 ms under load: a batch whose oldest request waited longer is the
+    # reserve's, sooner than its deadline dispatch (100 - 2 - t(n)); a small batch's deadline may come first
+    async def main() -> None:
+        model = HeldKnobs(Knobs(15, 0.0, 3))
+        controller = Controller("m", "1", parse_settings({"slo": {"p99_ms": 100}}), model)
+        for n in (1, 4, 2, 8, 3, 6, 12, 15):
+            controller.dispatched("w1", n)
+            controller.finished("w1", n, "full", 0.0, math.nan, 25.0 + 2.5 * n)
+        await controller.tick()
+        controller.reserve = 1
+        assert controller.reserve_by(10.0, 15) == pytest.approx(10.0 + 0.03125)
+        assert controller.dispatch_by(10.0, 15) == pytest.approx(10.0 + (98.0 - 62.5) / 1000.0)
+        controller.reserve = 2  # one collecting worker: t(15) = 62.5 ms, past the deadline dispatch of 35.5 ms
+        assert controller.reserve_by(10.0, 15) == pytest.approx(controller.dispatch_by(10.0, 15))
+        await controller.close()
+
+    asyncio.run(main())
+
+
 def test_before_b_is_told_the_cap_stays_within_what_a_proportional_cost_makes_safe() -> None:
     # Registered at batch 8; the batches seen are all of one request at 40 ms. Until b can be told, a batch of n is
     # taken to cost n * 40 ms: with 2 workers a request may wait for half a batch, so 1.5 * 40 * n <= 200 - 2 gives

@@ -54,8 +54,8 @@ class Actuator(Protocol):
         ...
 
     def set_reserve(self, workers: int) -> None:
-        """Hold the newest ``workers`` workers in reserve: each takes a batch only when its oldest request must go
-        then to make its deadline and no other worker took it (``dispatch_by``; a backend of one worker per
+        """Hold the newest ``workers`` workers in reserve: each takes a batch only when its oldest request has waited
+        past what the law allows for, and no other worker took it first (``reserve_by``; a backend of one worker per
         queue holds none)."""
         ...
 
@@ -326,6 +326,18 @@ class Controller:
             return math.inf
         n = min(queued, self.actuator.knobs().batch_size)
         return first_arrival + (self.settings.target_ms - cost.t(n) - self.margin_ms - SLACK_MS) / 1000.0
+
+    def reserve_by(self, first_arrival: float, queued: int) -> float:
+        """When a worker held in reserve takes the batch ``first_arrival`` opened: once its oldest request has waited
+        longer than the law lets a request wait for a collecting worker (under load the W collecting workers free one
+        every t(cap)/W), or at ``dispatch_by`` if sooner; infinity before the cost is known."""
+        cost = self._cost
+        if cost is None or not self.policy.deadline_dispatch:
+            return math.inf
+        knobs = self.actuator.knobs()
+        collecting = max(1, knobs.workers - self.reserve)
+        waited = first_arrival + cost.t(knobs.batch_size) / collecting / 1000.0
+        return min(waited, self.dispatch_by(first_arrival, queued))
 
     # ---- batches -----------------------------------------------------------------------------
 

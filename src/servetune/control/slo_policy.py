@@ -21,11 +21,12 @@ asked again) and held while the rate stays within ``DEADBAND`` of it: without it
 later and the same load was late again.
 
 The workers past the law's count (the tail's, the held ones, those waiting out ``WORKERS_HOLD_S``) are held in
-reserve (``Decision.reserve``): each takes a batch only when its oldest request must go then to make the SLA and no
-other worker took it (``server/batcher.py``), and the cap is the law's for the workers that collect. A worker kept for
-the bursts then leaves the steady load's batches as large as the law's workers form them: a batch costs CPU of its own
-(a known-cost model's full run: 56,679 batches of 2.67 requests against static's 48,139 of 3.14, 5% more CPU per good
-answer, with the tail's workers collecting like the others).
+reserve (``Decision.reserve``): each takes a batch only once its oldest request has waited longer than the law lets a
+request wait for a collecting worker (t(cap)/W; ``Controller.reserve_by``) and no other worker took it, and the cap
+is the law's for the workers that collect. A worker kept for the bursts then leaves the steady load's batches as
+large as the law's workers form them: a batch costs CPU of its own (a known-cost model's full run: 56,679 batches of
+2.67 requests against static's 48,139 of 3.14, 5% more CPU per good answer, with the tail's workers collecting like
+the others).
 
 Before b is told, the workers are as many as a batch costing in proportion to its size needs (up only).
 
@@ -174,7 +175,7 @@ class SloPolicy:
         held = costs.get(threads) or ThreadCost(cost, cautious, measured_bounds(s.batch_size, view.fit.largest))
         cautious = held.cautious
         # the workers past the law's (the tail's, or held for WORKERS_HOLD_S) are held in reserve: they take a batch
-        # only when its oldest request must go then to make the SLA, so the steady load keeps the law's batches
+        # only once its oldest request waited past the law's worst case, so the steady load keeps the law's batches
         reserve = workers - self._collecting(view, rate, cost, cautious, law.knobs.workers, workers)
         if (workers, threads) != (want.workers, want.threads):  # workers or threads held: the cap those allow
             cap = batch_cap(cautious, budget, want.max_batch_delay_ms, held.batch_bounds, workers - reserve)

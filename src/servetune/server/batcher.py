@@ -5,8 +5,8 @@ TorchServe does: pytorch/serve#2478), or sooner when a controller says the oldes
 answered at the deadline (a timer per job that has one), not when a worker next asks for a batch.
 
 A worker a controller holds in reserve (``next_batch(reserve=...)``) does not collect: it takes the queue's oldest
-requests only at the moment they must go to make their deadline (``dispatch_by``) when no other worker took them
-first, so that a worker kept for bursts does not split the steady load into smaller batches.
+requests only once they have waited past the controller's ``reserve_by`` (else ``dispatch_by``) and no other worker
+took them first, so that a worker kept for bursts does not split the steady load into smaller batches.
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class Batcher:
         # A controller's (``servetune.control``): given the first request's arrival and the requests queued, the
         # latest time the batch may go for its oldest request to make its deadline; None: the delay alone decides.
         self.dispatch_by: Callable[[float, int], float] | None = None
+        # the same, for a worker held in reserve (None: ``dispatch_by``)
+        self.reserve_by: Callable[[float, int], float] | None = None
         self.last_reason = "delay"  # why the last batch went: "full", "delay", "deadline", "solo" or "reserve"
 
     def reconfigure(self, batch_size: int, max_delay_s: float) -> None:
@@ -207,13 +209,14 @@ class Batcher:
                     return batch
 
     async def _reserve_batch(self, reserve: Callable[[], bool]) -> list[Job]:
-        """A reserve worker's wait: the oldest requests at the moment they must go to make their deadline (reason
+        """A reserve worker's wait: the oldest requests once they have waited past ``reserve_by`` (reason
         ``reserve``), or [] once the worker is no longer held in reserve."""
         while reserve() and self.dispatch_by is not None:
             self._prune()
             timeout: float | None = None
             if self._queue and not self._queue[0].solo:
-                due = self.dispatch_by(self._queue[0].arrival, len(self._queue)) - time.monotonic()
+                by = self.reserve_by or self.dispatch_by
+                due = by(self._queue[0].arrival, len(self._queue)) - time.monotonic()
                 if due <= 0:
                     batch = self._take()
                     if batch:

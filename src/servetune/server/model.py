@@ -96,6 +96,7 @@ class ServedModel:
         if self.control is not None and self.controller is None and not self.pool.closed:
             self.controller = Controller(self.name, self.version, self.control, ModelActuator(self))
             self.batcher.dispatch_by = self.controller.dispatch_by
+            self.batcher.reserve_by = self.controller.reserve_by
             self.controller.start()
 
     def set_batching(self, batch_size: int, max_batch_delay_ms: float) -> None:
