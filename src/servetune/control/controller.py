@@ -123,7 +123,7 @@ class Controller:
         self.batches = dict.fromkeys(REASONS, 0)
         self.shed_count = 0
         self.knob_changes = 0
-        self.reserve = 0  # of the workers, how many the policy holds in reserve (they take only deadline batches)
+        self.reserve = 0  # of the workers, how many the policy holds in reserve (``reserve_by``)
         self.predicted_ms_sum = 0.0  # over the batches that had a prediction
         self.actual_ms_sum = 0.0
         self.predicted_batches = 0

@@ -1,13 +1,13 @@
 """The controllers' Prometheus metrics, read when scraped (a collector the backend registers with its metrics):
 
 - ``servetune_controller_batches_total{reason}``: batches dispatched, by why they went (full, delay, deadline, solo,
-  reserve: taken by a worker held in reserve at its oldest request's deadline);
+  reserve: taken by a worker held in reserve, its oldest request waiting past the law's worst case);
 - ``servetune_controller_shed_total``: requests answered 503 because they were predicted to miss their deadline;
 - ``servetune_controller_knob_changes_total``;
 - ``servetune_controller_batch_size``, ``..._max_batch_delay_ms``, ``..._workers``: the knobs now, and
   ``..._threads`` (intra-op threads per worker) for a controller that moves them (``bounds.threads``);
-- ``servetune_controller_reserve_workers``: of the workers, those held in reserve (they take only batches due at
-  their deadline);
+- ``servetune_controller_reserve_workers``: of the workers, those held in reserve (they take only batches whose
+  oldest request waited past the law's worst case);
 - ``servetune_controller_arrival_rate``: requests per second, last half second;
 - ``servetune_controller_predicted_batch_ms_total`` and ``..._actual_batch_ms_total`` over
   ``servetune_controller_predicted_batches_total``: how good the predictions are.

@@ -74,7 +74,7 @@ class View:
     cores: int = 0  # the cores this model's workers may take between them (0: not told)
     late_share: float = 0.0  # of the requests answered in the last 5 s (since the workers last changed), the late
     late_second: float = 0.0  # in that time, the worst second's late share (of seconds with 100 answers or more)
-    reserve: int = 0  # of the workers, how many are held in reserve (they take only batches due at their deadline)
+    reserve: int = 0  # of the workers, how many are held in reserve (``Decision.reserve``)
 
     def thread_cost(self, threads: int) -> ThreadCost | None:
         """What is known of a batch at ``threads`` per worker (:func:`thread_cost`)."""
@@ -103,8 +103,8 @@ class Decision:
 
     knobs: Knobs
     why: dict[str, Any]
-    # of ``knobs.workers``, how many to hold in reserve: the newest, taking a batch only when its oldest request must
-    # go then to make its deadline and no other worker took it (workers kept for bursts, not for the steady load)
+    # of ``knobs.workers``, how many to hold in reserve: the newest, taking a batch only once its oldest request waited
+    # past the law's worst case and no other worker took it (workers kept for bursts, not for the steady load)
     reserve: int = 0
 
 
