@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -104,7 +105,8 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
 # The suite runs on two xdist workers, a whole test file to a worker (``--dist loadfile --no-loadscope-reorder``:
 # a module's server starts once), the longest files first, files with tests on Ray alternating with the others (the
 # first four go two to each worker). Tests on Ray (a Ray instance, a dozen processes) hold a lock while they run,
-# so that two never run at once on two cores (``pytest_runtest_protocol``).
+# so that two never run at once on two cores, and a test marked ``alone`` runs with the machine to itself
+# (``pytest_runtest_protocol``).
 LONGEST_FIRST = [
     "test_tune_ray.py",  # Ray
     "test_pt2.py",
@@ -144,6 +146,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 RAY_LOCK: list[IO[str]] = []  # the Ray lock while this worker holds it
+MACHINE_LOCK = "SERVETUNE_TEST_MACHINE_LOCK"  # the machine's lock file, when the run's caller shares it
+
+
+@contextlib.contextmanager
+def machine_share(run: str, alone: bool) -> Iterator[None]:
+    """Each test holds a share of the machine while it runs; a test marked ``alone`` (it asserts what measured speed
+    decides) holds all of it: the other worker's test in progress finishes first, and its next waits at a turnstile
+    that the ``alone`` test holds, so a stream of short tests cannot keep it waiting. ``scripts/check`` names the
+    machine's lock (``MACHINE_LOCK``) and runs mypy holding a share of it too."""
+    base = Path(tempfile.gettempdir()) / f"servetune-tests-{run}"
+    machine_lock = os.environ.get(MACHINE_LOCK) or f"{base}.machine.lock"
+    with open(f"{base}.turnstile.lock", "a") as turnstile, open(machine_lock, "a") as machine:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # closing the files releases what is still held
 
 
 def on_ray(item: pytest.Item) -> bool:
@@ -155,14 +174,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """A run of consecutive Ray tests of one file holds the Ray lock from its first test to the teardown of its last:
     a module's server on the run's shared cluster (ray_cluster.py) is never disturbed by another file's."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None or not on_ray(item):
+    if run is None:
         return (yield)
-    if not RAY_LOCK:
+    alone = item.get_closest_marker("alone") is not None
+    if not on_ray(item):
+        with machine_share(run, alone):
+            return (yield)
+    if not RAY_LOCK:  # taken before the machine's share, always: two workers never wait on each other's
         lock = open(Path(tempfile.gettempdir()) / f"servetune-tests-{run}.ray.lock", "a")  # noqa: SIM115
         fcntl.flock(lock, fcntl.LOCK_EX)
         RAY_LOCK.append(lock)
     try:
-        return (yield)
+        with machine_share(run, alone):
+            return (yield)
     finally:
         if nextitem is None or nextitem.path != item.path or not on_ray(nextitem):
             RAY_LOCK.pop().close()  # closing the file releases the lock
