@@ -283,17 +283,22 @@ class Bench:
             run_bench(BenchSpec(url=url, input=self.body, concurrency=workers, requests=self.served.warmup * workers))
         return name
 
-    def cpu_s(self) -> float:
+    def cpu_s(self) -> tuple[float, float]:
+        """The server's CPU-seconds so far: every live process's own, plus what each has reaped of its exited
+        children (a worker stopped during a run took its CPU with it: counted only through its parent's reaped
+        times); and the live processes' own only (the measure before 2026-12-05, which lost a stopped worker's CPU,
+        and the CPU its process had spent before the run too: it understated the policies that move workers)."""
         assert self.server.proc is not None
-        try:
-            root = psutil.Process(self.server.proc.pid)
-            total = 0.0
-            for p in [root, *root.children(recursive=True)]:
-                with_children = p.cpu_times()
-                total += with_children.user + with_children.system
-            return total
-        except psutil.NoSuchProcess:
-            return math.nan
+        root = psutil.Process(self.server.proc.pid)
+        total = live = 0.0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                times = p.cpu_times()
+            except psutil.NoSuchProcess:  # gone since listed: its parent's reaped times hold it (the next call)
+                continue
+            live += times.user + times.system
+            total += times.user + times.system + times.children_user + times.children_system
+        return total, live
 
     def run(self, section: dict[str, Any], schedule: Schedule, workers: int) -> dict[str, Any]:
         """Register, replay ``schedule`` (open loop, judged against the SLA), describe, unregister."""
@@ -309,7 +314,8 @@ class Bench:
                 timeout=30.0,
             )
             result = run_bench(spec)
-            cpu = self.cpu_s() - cpu0
+            cpu1 = self.cpu_s()
+            cpu, cpu_live = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
             status, described = call(f"{self.server.management_url}/models/{name}", "GET")
             controller = described[0].get("controller", {}) if status == 200 else {}
         finally:
@@ -326,6 +332,7 @@ class Bench:
             "attainment": result.slo.attainment,
             "windows_in_sla": result.slo.windows_share,
             "cpu_s_per_1000": 1000.0 * cpu / max(1, int(good.sum())),
+            "cpu_s_per_1000_live": 1000.0 * cpu_live / max(1, int(good.sum())),  # the old measure (``cpu_s``)
             "knob_changes": int(controller.get("knobChanges", 0)),
             "batches": int(sum(controller.get("batches", {}).values())),
             "shed": int(controller.get("shed", 0)),
@@ -453,6 +460,7 @@ def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any
         "overload_goodput": round(float(goodput), 3),
         "overload_recovery_s": round(back, 2),
         "cpu_s_per_1000": round(run["cpu_s_per_1000"], 3),
+        "cpu_s_per_1000_live": round(run["cpu_s_per_1000_live"], 3),
         "knob_changes": run["knob_changes"],
         "shed": run["shed"],
         "p99_ms": round(run["p99_ms"], 2),
@@ -473,7 +481,10 @@ def cpu_pairs(bench: Bench, setup: Setup, c: float, seed: int, pairs: int, log: 
         for policy in ("controller", "static") if i % 2 == 0 else ("static", "controller"):
             run = bench.run(sections[policy], moving, setup.workers)
             runs[policy].append(run)
-            log(f"  cpu pair {i + 1}, {policy}: {run['cpu_s_per_1000']:.3f} CPU-s/1000 good, {run['batches']} batches")
+            log(
+                f"  cpu pair {i + 1}, {policy}: {run['cpu_s_per_1000']:.3f} CPU-s/1000 good (live processes only: "
+                f"{run['cpu_s_per_1000_live']:.3f}), {run['batches']} batches"
+            )
     ratios = [
         mine["cpu_s_per_1000"] / theirs["cpu_s_per_1000"]
         for mine, theirs in zip(runs["controller"], runs["static"], strict=True)
@@ -483,6 +494,8 @@ def cpu_pairs(bench: Bench, setup: Setup, c: float, seed: int, pairs: int, log: 
         "median_ratio": round(float(np.median(ratios)), 3),
         "controller_cpu_s_per_1000": [round(r["cpu_s_per_1000"], 3) for r in runs["controller"]],
         "static_cpu_s_per_1000": [round(r["cpu_s_per_1000"], 3) for r in runs["static"]],
+        "controller_cpu_s_per_1000_live": [round(r["cpu_s_per_1000_live"], 3) for r in runs["controller"]],
+        "static_cpu_s_per_1000_live": [round(r["cpu_s_per_1000_live"], 3) for r in runs["static"]],
         "controller_batches": [r["batches"] for r in runs["controller"]],
         "static_batches": [r["batches"] for r in runs["static"]],
     }
@@ -513,7 +526,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="60 s traces; controller, greedy, static, oracle")
     parser.add_argument("--model", choices=("cost", "resnet18"), default="cost", help="the model every policy serves")
     parser.add_argument("--seconds", type=float, default=900.0, help="the moving trace's length (full run)")
-    parser.add_argument("--policies", default=None, help=f"comma-separated, of {', '.join(ALL_POLICIES)}")
+    parser.add_argument(
+        "--policies", default=None, help=f"comma-separated, of {', '.join(ALL_POLICIES)}; none: --cpu-pairs alone"
+    )
     parser.add_argument("--a-ms", type=float, default=25.0, help="the model's fixed cost per batch")
     parser.add_argument("--b-ms", type=float, default=2.5, help="the model's cost per request")
     parser.add_argument("--sla-ms", type=float, default=100.0, help="P99 SLA")
@@ -549,6 +564,8 @@ def main() -> None:
         quick=quick,
     )
     policies = args.policies.split(",") if args.policies else list(QUICK_POLICIES if quick else ALL_POLICIES)
+    if args.policies == "none":  # with --cpu-pairs: the pairs alone
+        policies = []
     unknown = [p for p in policies if p not in ALL_POLICIES]
     if unknown:
         parser.error(f"--policies: unknown {unknown}; expected some of {', '.join(ALL_POLICIES)}")
@@ -585,7 +602,7 @@ def main() -> None:
             c = capacity(bench, setup, log)
             # the policies take turns to go first from one seed to the next: a machine that drifts over the run's
             # minutes (CPU per request moved 10% between two policies with the same batches) favours none of them
-            shift = (args.seed - 1) % len(policies)
+            shift = (args.seed - 1) % max(1, len(policies))
             order = policies[shift:] + policies[:shift]
             log(f"order: {', '.join(order)}")
             by_policy = {policy: score(bench, setup, policy, c, args.seed, log) for policy in order}
