@@ -69,8 +69,9 @@ class Batcher:
         self._queue: collections.deque[Job] = collections.deque()
         self._arrived = asyncio.Event()
         self._collecting = asyncio.Lock()
-        self._reserve_wake = asyncio.Event()  # an arrival, or a change of which workers are held in reserve
+        self._reserve_wake = asyncio.Event()  # an arrival that makes a batch due sooner, or a change of the reserve
         self._reserve_waiting = 0
+        self._reserve_until = math.inf  # when the workers waiting in reserve look next (inf: only when woken)
         self.dropped_disconnected = 0
         # A controller's (``servetune.control``): given the first request's arrival and the requests queued, the
         # latest time the batch may go for its oldest request to make its deadline; None: the delay alone decides.
@@ -86,10 +87,11 @@ class Batcher:
         self.batch_size = batch_size
         self.max_delay_s = max_delay_s
         self._arrived.set()
-        self._reserve_wake.set()
+        self.wake_reserve()
 
     def wake_reserve(self) -> None:
-        """Which workers are held in reserve changed: those waiting as reserve look again."""
+        """Which workers are held in reserve changed (or what is due when): those waiting as reserve look again."""
+        self._reserve_until = math.inf
         self._reserve_wake.set()
 
     def __len__(self) -> int:
@@ -105,8 +107,11 @@ class Batcher:
         self._queue.append(job)
         self._expire_at_deadline(job)
         self._arrived.set()
-        if self._reserve_waiting:  # a larger batch takes longer: its oldest request must go sooner
-            self._reserve_wake.set()
+        if self._reserve_waiting:  # a larger batch takes longer: its oldest request may have to go sooner
+            head = self._queue[0]
+            by = self.reserve_by or self.dispatch_by
+            if head.solo or by is None or by(head.arrival, len(self._queue)) < self._reserve_until:
+                self.wake_reserve()  # only when due sooner than they will look: not at every arrival
 
     def put_front(self, jobs: list[Job]) -> None:
         """Return jobs to the head of the queue (a retry after a worker died), ignoring capacity."""
@@ -114,6 +119,7 @@ class Batcher:
         for job in jobs:
             self._expire_at_deadline(job)
         self._arrived.set()
+        self.wake_reserve()  # older requests at the head: due sooner
 
     def _expire_at_deadline(self, job: Job) -> None:
         """A job with a deadline leaves the queue at that deadline (504 to a client still waiting): the workers may
@@ -214,9 +220,11 @@ class Batcher:
         while reserve() and self.dispatch_by is not None:
             self._prune()
             timeout: float | None = None
+            until = math.inf
             if self._queue and not self._queue[0].solo:
                 by = self.reserve_by or self.dispatch_by
-                due = by(self._queue[0].arrival, len(self._queue)) - time.monotonic()
+                until = by(self._queue[0].arrival, len(self._queue))
+                due = until - time.monotonic()
                 if due <= 0:
                     batch = self._take()
                     if batch:
@@ -226,6 +234,7 @@ class Batcher:
                 timeout = due if math.isfinite(due) else None
             self._reserve_wake.clear()
             self._reserve_waiting += 1
+            self._reserve_until = min(self._reserve_until, until)  # the soonest any waiting worker looks
             try:
                 await asyncio.wait_for(self._reserve_wake.wait(), timeout)
             except TimeoutError:
