@@ -65,6 +65,7 @@ import yaml
 
 from servetune.archive import create_archive
 from servetune.bench import BenchSpec, run_bench
+from servetune.bench.host import process_cpu_s
 from servetune.bench.schedule import Schedule
 from servetune.bench.shapes import Burst, Segment, shape
 from servetune.bench.slo import Slo
@@ -297,7 +298,7 @@ class Bench:
             except psutil.NoSuchProcess:  # gone since listed: its parent's reaped times hold it (the next call)
                 continue
             live += times.user + times.system
-            total += times.user + times.system + times.children_user + times.children_system
+            total += process_cpu_s(times)
         return total, live
 
     def run(self, section: dict[str, Any], schedule: Schedule, workers: int) -> dict[str, Any]:

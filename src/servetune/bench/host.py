@@ -83,13 +83,13 @@ def _tree_cpu(procs: Iterable[psutil.Process]) -> float:
     total = 0.0
     for proc in procs:
         try:
-            total += _cpu(proc.cpu_times())
+            total += process_cpu_s(proc.cpu_times())
         except psutil.Error:
             continue
     return total
 
 
-def _cpu(times: object) -> float:
+def process_cpu_s(times: object) -> float:
     """User + system time of a process and of its children it has waited for (a worker that exited and was reaped
     during the run keeps its CPU counted)."""
     names = ("user", "system", "children_user", "children_system")
@@ -130,7 +130,7 @@ class HostSampler:
     def _sample(self, procs: list[psutil.Process]) -> tuple[float, float, float, float | None, float, float]:
         busy, irq, steal = _busy_irq_steal()
         server = _tree_cpu(procs) if self.server_pids else 0.0
-        return time.perf_counter(), busy, irq, steal, _cpu(self._own.cpu_times()), server
+        return time.perf_counter(), busy, irq, steal, process_cpu_s(self._own.cpu_times()), server
 
     def start(self) -> None:
         self._start = self._sample(self._procs)
