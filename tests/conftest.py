@@ -138,6 +138,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         ray_cluster.stop_shared()  # the Ray cluster the run's tests shared, if one started it
+        for lock in Path(tempfile.gettempdir()).glob(f"servetune-tests-{os.environ[ray_cluster.RUN_ENV]}.*.lock"):
+            lock.unlink(missing_ok=True)  # the run's lock files (machine_share, the Ray lock): every worker is gone
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -173,9 +175,9 @@ def on_ray(item: pytest.Item) -> bool:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A run of consecutive Ray tests of one file holds the Ray lock from its first test to the teardown of its last:
     a module's server on the run's shared cluster (ray_cluster.py) is never disturbed by another file's."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing to share the machine with
         return (yield)
+    run = os.environ[ray_cluster.RUN_ENV]
     alone = item.get_closest_marker("alone") is not None
     if not on_ray(item):
         with machine_share(run, alone):
