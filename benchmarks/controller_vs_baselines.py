@@ -23,10 +23,12 @@ archive with its own ``controller:`` section (docs/controller.md), registered th
 and unregistered after: one server, the same model, the same trace (a seeded open loop, ``servetune.bench``).
 
 1. **Capacity** C: the static winner's (the largest batch inside the SLA, no delay) highest steady Poisson rate with
-   P99 inside the SLA, by bisection (6 s runs).
+   P99 inside the SLA, by bisection (6 s runs); in a full run that rate must then hold for ``--hold-s`` (60 s) with
+   attainment >= 99%, else it steps down by 5% until it does.
 2. **Moving load** (``--seconds``, 900; quick 60): a daily curve 0.2 C → 0.9 C → 0.2 C, a 2.5× step 0.3 C → 0.75 C,
    a burst to 0.9 C (20 s; quick 3 s) over 0.4 C, Gamma arrivals of CV 2 at 0.6 C. Attainment (good answers over all
-   sent: 503s and errors are misses), share of 10 s windows inside the SLA, recovery after the step (the end of the
+   sent: 503s and errors are misses), share of 10 s windows inside the SLA (99% of the window's requests good, a
+   503 counted as one miss, as in attainment), recovery after the step (the end of the
    last 1 s window after the step under 99% good, from the step), CPU-seconds (server and workers) per 1,000 good.
 3. **Sustainable scale**: the largest multiplier of a short version of that trace (90 s; quick 10 s) at which the
    policy still answers >= 99% good, by bisection between 0.25 and 2 on a log scale (5 steps; quick 3): the first
@@ -144,6 +146,7 @@ class Setup:
     seconds: float  # the moving trace
     short_s: float  # the bisection's trace
     bisect_steps: int
+    hold_s: float  # C must hold this long at a steady rate (0: the bisection's 6 s steps alone)
     overload_s: float
     after_s: float
     burst_s: float
@@ -310,7 +313,10 @@ class Bench:
                 url=f"{self.server.inference_url}/predictions/{name}",
                 input=self.body,
                 schedule=schedule,
-                slo=Slo(p99_ms=self.setup.sla_ms),
+                # a 503 or an error is a miss, once, as attainment counts it: a 10 s window is inside when 99% of
+                # its requests were answered in time. (The bench's default error budget, 0.1%, failed a window for
+                # one shed request, while late answers failed it only past 1%.)
+                slo=Slo(p99_ms=self.setup.sla_ms, max_error_rate=0.01),
                 window_s=10.0,
                 timeout=30.0,
             )
@@ -394,7 +400,7 @@ def recovery_s(run: dict[str, Any], at: float, until: float, window: float = 1.0
 
 
 def capacity(bench: Bench, setup: Setup, log: Any) -> float:
-    """The static winner's highest steady rate with P99 inside the SLA (bisection over 6 s Poisson runs)."""
+    """The static winner's highest steady rate with P99 inside the SLA (bisection over 6 s Poisson runs, then held)."""
     cost, w = setup.cost, setup.workers
     top = decide(cost, 1e9, setup.sla_ms, 0.0, BATCH_BOUNDS, DELAY_BOUNDS, (w, w)).knobs.batch_size
     ideal = w * top / cost.t(top) * 1000.0
@@ -407,6 +413,16 @@ def capacity(bench: Bench, setup: Setup, log: Any) -> float:
         inside = run["p99_ms"] <= setup.sla_ms and run["attainment"] >= 0.99
         log(f"  capacity: {rate:.0f} req/s -> P99 {run['p99_ms']:.1f} ms, {'inside' if inside else 'outside'}")
         low, high = (rate, high) if inside else (low, rate)
+    # a 6 s step can overstate what holds for minutes (resnet18: 31 req/s inside in 6 s, past it over 15 minutes):
+    # the rate found must then hold for hold_s, else it steps down by 5% until it does (at most 5 times)
+    for step in range(5 if setup.hold_s > 0 else 0):
+        run = bench.run(section, Schedule.steady(low, "poisson", seconds=setup.hold_s, seed=200 + step), w)
+        held = run["p99_ms"] <= setup.sla_ms and run["attainment"] >= 0.99
+        log(f"  capacity held {setup.hold_s:g} s: {low:.1f} req/s -> P99 {run['p99_ms']:.1f} ms, "
+            f"attainment {100 * run['attainment']:.2f}%, {'held' if held else 'not held'}")  # fmt: skip
+        if held:
+            break
+        low *= 0.95
     log(f"capacity C = {low:.0f} req/s (static winner: batch {top}, no delay, {w} workers; ideal {ideal:.0f})")
     return low
 
@@ -540,6 +556,9 @@ def main() -> None:
     parser.add_argument(
         "--max-workers", type=int, default=None, help="bound for the policies that move workers (4; resnet18: cores)"
     )
+    parser.add_argument(
+        "--hold-s", type=float, default=60.0, help="full runs: C must hold this long at a steady rate (0: no check)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--decisions", type=Path, default=None, help="write each run's decision log (JSONL) here")
@@ -559,6 +578,7 @@ def main() -> None:
         seconds=60.0 if quick else args.seconds,
         short_s=10.0 if quick else 90.0,
         bisect_steps=3 if quick else 5,
+        hold_s=0.0 if quick else args.hold_s,
         overload_s=15.0 if quick else 60.0,
         after_s=10.0 if quick else 30.0,
         burst_s=3.0 if quick else 20.0,

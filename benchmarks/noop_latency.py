@@ -9,6 +9,8 @@ pre-built request (the same code for every tree, and cheaper than any HTTP libra
 after another for ``--seconds`` after a short warm-up and records each round trip. Prints per run the P50, P90 and
 P99 in microseconds and the load average; at the end, per tree, the median and the spread of the runs' P50s, and
 each tree's median P50 against the first tree's (the ratio of medians and the median of the pairwise ratios).
+``--ab C`` adds to each run a closed loop of ``ab -k -c C`` (TorchServe's benchmark method) for as long: its
+requests/s and the server's CPU per request (frontend and workers) at that concurrency, summarised the same way.
 ``--json FILE`` writes the runs.
 """
 
@@ -17,8 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,6 +97,22 @@ def measure(url: str, seconds: float) -> list[float]:
     return samples
 
 
+def ab_run(url: str, concurrency: int, seconds: float, body: Path) -> float:
+    """``ab -k -c concurrency`` for ``seconds`` on the no-op: its requests/s (failed or non-2xx requests: an error)."""
+    cmd = ["ab", "-k", "-c", str(concurrency), "-t", f"{seconds:g}", "-n", "100000000", "-p", str(body)]
+    out = subprocess.run(
+        [*cmd, "-T", "text/plain", f"{url}/predictions/noop"], capture_output=True, text=True, check=True
+    ).stdout
+    failed = re.search(r"Failed requests:\s+(\d+)", out)
+    non_2xx = re.search(r"Non-2xx responses:\s+(\d+)", out)
+    if (failed and int(failed.group(1))) or non_2xx:
+        raise RuntimeError(f"ab saw failures:\n{out}")
+    rate = re.search(r"Requests per second:\s+([\d.]+)", out)
+    if rate is None:
+        raise RuntimeError(f"ab printed no rate:\n{out}")
+    return float(rate.group(1))
+
+
 def server_cpu_s(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) of the server process (``frontend``) and of its children (``workers``)."""
     root = psutil.Process(pid)
@@ -116,8 +137,11 @@ def main() -> int:
     parser.add_argument("--tree", action="append", required=True, help="NAME=PATH of a src directory (repeat)")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--ab", type=int, default=0, help="then ab -k at this concurrency per run (0: none)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.ab and shutil.which("ab") is None:
+        parser.error("--ab needs ab (Apache Bench: apt-get install apache2-utils)")
     trees = [(name, str(Path(path).resolve())) for name, _, path in (t.partition("=") for t in args.tree)]
 
     with tempfile.TemporaryDirectory(prefix="noop-latency-") as tmp:
@@ -126,6 +150,8 @@ def main() -> int:
         handler = Path(tmp) / "noop_handler.py"
         handler.write_text(NOOP_HANDLER)
         archive(store, "noop", str(handler))
+        body = Path(tmp) / "body.txt"
+        body.write_text("hi")
         servers: dict[str, EmbeddedServer] = {}
         try:
             for name, src in trees:
@@ -151,28 +177,44 @@ def main() -> int:
                         "loadavg": os.getloadavg()[0],
                         **{f"{k}_cpu_us": (after[k] - before[k]) * 1e6 / n for k in before},
                     }
-                    runs.append(row)
-                    print(
+                    line = (
                         f"pair {pair} {name:>8}: P50 {row['p50_us']:.0f} us  P90 {row['p90_us']:.0f}  "
                         f"P99 {row['p99_us']:.0f}; CPU/request frontend {row['frontend_cpu_us']:.0f} us, workers "
-                        f"{row['workers_cpu_us']:.0f}  ({len(samples)} requests, load {row['loadavg']:.2f})",
-                        flush=True,
+                        f"{row['workers_cpu_us']:.0f}  ({len(samples)} requests, load {row['loadavg']:.2f})"
                     )
+                    if args.ab:
+                        before = server_cpu_s(pid)
+                        started = time.perf_counter()
+                        rps = ab_run(servers[name].inference_url, args.ab, args.seconds, body)
+                        after = server_cpu_s(pid)
+                        n = rps * (time.perf_counter() - started)  # ab's own count is of its timed part
+                        row["ab_rps"] = rps
+                        row.update({f"ab_{k}_cpu_us": (after[k] - before[k]) * 1e6 / n for k in before})
+                        line += (
+                            f"; ab -k -c {args.ab}: {rps:.0f} req/s, CPU/request frontend "
+                            f"{row['ab_frontend_cpu_us']:.0f} us, workers {row['ab_workers_cpu_us']:.0f}"
+                        )
+                    runs.append(row)
+                    print(line, flush=True)
         finally:
             for server in servers.values():
                 server.stop()
 
     first = trees[0][0]
-    for key, label in (
-        ("p50_us", "P50"),
-        ("frontend_cpu_us", "frontend CPU/req"),
-        ("workers_cpu_us", "worker CPU/req"),
-    ):
+    keys = [("p50_us", "P50"), ("frontend_cpu_us", "frontend CPU/req"), ("workers_cpu_us", "worker CPU/req")]
+    if args.ab:
+        keys += [
+            ("ab_rps", f"ab -k -c {args.ab} req/s"),
+            ("ab_frontend_cpu_us", f"c={args.ab} frontend CPU/req"),
+            ("ab_workers_cpu_us", f"c={args.ab} worker CPU/req"),
+        ]
+    for key, label in keys:
         per_tree = {name: [float(str(r[key])) for r in runs if r["tree"] == name] for name, _ in trees}
         for name, _ in trees:
             values = per_tree[name]
             spread = f"runs {min(values):.0f}-{max(values):.0f}"
-            line = f"{name:>8} {label}: median {statistics.median(values):.0f} us ({spread})"
+            unit = "" if key == "ab_rps" else " us"
+            line = f"{name:>8} {label}: median {statistics.median(values):.0f}{unit} ({spread})"
             if name != first:
                 ratios = [b / a for a, b in zip(per_tree[first], values, strict=True)]
                 line += (

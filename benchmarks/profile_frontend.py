@@ -69,11 +69,14 @@ CONCERNS = [
     ("thread count per batch (psutil /sys glob)", ("hardware.py", "worker_threads", "psutil/")),
     ("metrics (prometheus_client, servetune metrics)", ("prometheus_client/", "servetune/api/metrics.py")),
     ("handler metrics (worker: context.metrics)", ("servetune/handlers/metrics.py",)),
+    (  # the frontend's end of the worker's socket (its writes, their flow control) before the frames' encoding
+        "worker pipe (process.py, FrameProtocol's socket writes, asyncio streams)",
+        ("servetune/server/process.py", "FrameProtocol.send", "FrameProtocol.drain", "asyncio/streams.py"),
+    ),
     (
         "worker framing (protocol.py, messages.py, JSON)",
         ("servetune/server/messages.py", "orjson", "json/"),
     ),
-    ("worker pipe (process.py, asyncio streams)", ("servetune/server/process.py", "asyncio/streams.py")),
     ("batcher and dispatch (batcher.py, model.py)", ("servetune/server/batcher.py", "servetune/server/model.py")),
     ("request id (uuid4)", ("uuid.py",)),
     ("request headers (starlette Headers, dict copy)", ("starlette/datastructures.py",)),

@@ -237,6 +237,33 @@ def test_servetune_http11_keeps_the_connection(servetune: EmbeddedServer) -> Non
             assert reply.status == 200
 
 
+def test_servetune_answers_pipelined_predictions_in_order_each_whole(servetune: EmbeddedServer) -> None:
+    """Three predictions sent in one write (HTTP/1.1 pipelining) are answered in order on the connection, each with
+    one head: the no-cache, timing and request-id headers once, its length, then its body (the answer is written
+    whole, ``http1.OneWriteCycle.write_whole``); the connection stays open after them."""
+    bodies = [b"one", b"two", b"three"]
+    with connect(servetune.inference_url) as sock:
+        sock.sendall(b"".join(request("POST", "/predictions/sleep", "1.1", None, body) for body in bodies))
+        reader = sock.makefile("rb")
+        for body in bodies:
+            assert reader.readline() == b"HTTP/1.1 200 OK\r\n"
+            names: list[str] = []
+            headers: dict[str, str] = {}
+            while (line := reader.readline()) != b"\r\n":
+                name, _, value = line.decode("latin-1").partition(":")
+                names.append(name.strip().lower())
+                headers[names[-1]] = value.strip()
+            assert sorted(set(names)) == sorted(names), f"a header sent twice: {names}"
+            for name in ("pragma", "cache-control", "expires", "x-request-id", "x-servetune-queue-ms"):
+                assert name in headers, names
+            assert headers["x-servetune-batch-size"] == "1" and "connection" not in headers
+            answer = reader.read(int(headers["content-length"]))
+            assert f'"echo": "{body.decode()}"'.encode() in answer
+        reader.close()
+        reply = exchange(sock, predict("1.1", None))  # still open
+        assert reply.status == 200
+
+
 def ab_figures(output: str) -> dict[str, int]:
     figures = {}
     for key, label in (

@@ -17,11 +17,11 @@ from servetune.api.types import InferRequest
 from servetune.server.batcher import Batcher, Job, QueueFull
 from servetune.server.messages import (
     FrameBuffer,
+    FrameProtocol,
     ProtocolError,
     SocketFrames,
     decode,
     encode,
-    read_frame,
     recv_chunk,
     recv_frame,
 )
@@ -76,14 +76,49 @@ def test_corrupt_frame_is_refused() -> None:
         decode(bytes(frame[4:-1]))
 
 
-def test_async_reader_matches_sync_writer() -> None:
+def test_the_frontends_frame_protocol_reads_frames_however_they_arrive() -> None:
+    """The event loop's end (``FrameProtocol``, a worker's socket in the frontend): frames cut anywhere, several in
+    one read, one larger than a read; then a malformed frame ends the connection with a ProtocolError, and frames
+    after it are not delivered."""
+    sent = [
+        ({"type": "result", "n": 0}, [b"a"]),
+        ({"type": "result", "n": 1}, [b"b" * 300_000, b""]),
+        ({"big": 2**70, "text": "\ud800"}, []),
+        ({"type": "result", "n": 3}, []),
+    ]
+    stream = b"".join(encode(header, blobs) for header, blobs in sent)
+
     async def main() -> None:
-        a, b = socket.socketpair()
-        reader, writer = await asyncio.open_unix_connection(sock=b)
-        a.sendall(encode({"k": "v"}, [b"1", b"22"]))
-        assert await read_frame(reader) == ({"k": "v"}, [b"1", b"22"])
-        a.close()
-        writer.close()
+        loop = asyncio.get_running_loop()
+        for cut in (0, 3, 9, 70_000, len(stream) - 1):
+            a, b = socket.socketpair()
+            got: list[tuple[dict[str, object], list[bytes]]] = []
+            lost: asyncio.Future[BaseException | None] = loop.create_future()
+            made = FrameProtocol(lambda h, bl, got=got: got.append((h, bl)), lost.set_result)
+            _, protocol = await loop.create_unix_connection(lambda made=made: made, sock=b)
+            with a:
+                a.setblocking(False)
+                for part in (stream[:cut], stream[cut:]):
+                    await loop.sock_sendall(a, part)
+                    await asyncio.sleep(0.01)
+                while len(got) < len(sent):
+                    await asyncio.sleep(0.01)
+                assert got == sent
+                frame = encode({"type": "predict"}, [b"x" * 100_000])  # and it writes, past a socket's buffer
+                protocol.send(frame)
+                drained = asyncio.ensure_future(protocol.drain())
+                echoed = b""
+                while len(echoed) < len(frame):
+                    echoed += await loop.sock_recv(a, 1 << 16)
+                await drained
+                assert decode(echoed[4:]) == ({"type": "predict"}, [b"x" * 100_000])
+                bad = bytearray(encode({"a": 1}, [b"abc"]))
+                await loop.sock_sendall(a, bytes(bad[:4]) + b"\xff" * (len(bad) - 4) + encode({"n": 9}, []))
+                error = await asyncio.wait_for(lost, 5)
+            assert isinstance(error, ProtocolError)
+            assert len(got) == len(sent)  # the frame after the malformed one was not delivered
+            with pytest.raises(ConnectionResetError):
+                protocol.send(b"x")
 
     asyncio.run(main())
 

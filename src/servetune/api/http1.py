@@ -42,6 +42,11 @@ at ``http.response.body``: two writes, and with TCP_NODELAY two segments, for ev
 hundred bytes). :class:`OneWriteCycle` holds the head of a response that declares its ``Content-Length`` (the whole
 body follows at once) and writes it with the first body bytes; a response without a length (streaming) gets its
 head at once, as before, so that a client sees it before the first part comes.
+
+A prediction's answer skips even that: its headers are rendered and checked once where the answer is made
+(``api/rest.py``'s ``answer_response``) and written with the body by :meth:`OneWriteCycle.write_whole`, which the
+protocol puts in the scope (:data:`WRITE_WHOLE_KEY`): no ASGI messages, no held head, and no second check of each
+header by uvicorn's regular expressions.
 """
 
 from __future__ import annotations
@@ -105,6 +110,35 @@ class OneWriteCycle(httptools_impl.RequestResponseCycle):
 
     _head: bytes | None = None
 
+    async def write_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole response in one write, as ``send`` would write ``http.response.start`` and one
+        ``http.response.body``, less the per-header checks: the caller gives lower-case names and values it checked
+        (no CR, LF or control character), without ``content-length``, ``connection`` or ``transfer-encoding``, for
+        a status that has a body. The connection is kept or closed as ``send`` would (HTTP/1.0 keep-alive too)."""
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        if self.response_started:
+            raise RuntimeError("write_whole after the response started")
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        parts = [httptools_impl.STATUS_LINE[status]]
+        for name, value in (*self.default_headers, *headers):
+            parts += (name, b": ", value, b"\r\n")
+        parts.append(b"content-length: %d\r\n" % len(body))
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        elif self.scope["http_version"] == "1.0":
+            parts.append(b"connection: keep-alive\r\n")
+        parts += (b"\r\n", body)
+        self.transport.write(b"".join(parts))
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
     async def send(self, message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start" and not self.response_started:
             headers: Iterable[tuple[bytes, bytes]] = message.get("headers", ())
@@ -139,6 +173,9 @@ _NO_BODY_STATUS = (204, 304)
 # The scope key of a callable that says whether the client has gone (the connection closed): set by
 # KeepAliveHttpToolsProtocol for every request.
 CLIENT_GONE_KEY = "servetune.client_gone"
+# The scope key of the cycle's :meth:`OneWriteCycle.write_whole` (a whole response in one write, its headers checked
+# by the caller): set by KeepAliveHttpToolsProtocol; absent under another server (Ray's proxy).
+WRITE_WHOLE_KEY = "servetune.write_whole"
 
 
 def wants_keep_alive(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -205,10 +242,11 @@ class KeepAliveHttpToolsProtocol(httptools_impl.HttpToolsProtocol):
         self.scope[CLIENT_GONE_KEY] = lambda: cycle.disconnected  # type: ignore[literal-required]
         if self.scope["http_version"] != "1.0":
             cycle.__class__ = OneWriteCycle  # a response's head and body in one write (OneWriteCycle)
-            return
-        # The cycle's task is scheduled but has not run yet: its send() is looked up on the class when it does.
-        cycle.__class__ = _Http10Cycle
-        cycle.keep_alive = wants_keep_alive(self.headers)
+        else:
+            # The cycle's task is scheduled but has not run yet: its send() is looked up on the class when it does.
+            cycle.__class__ = _Http10Cycle
+            cycle.keep_alive = wants_keep_alive(self.headers)
+        self.scope[WRITE_WHOLE_KEY] = cycle.write_whole  # type: ignore[literal-required, attr-defined]
 
 
 class _KeepAliveH11Connection(h11.Connection):
@@ -488,6 +526,7 @@ def guarded_protocol(limits: HeaderLimits) -> type[GuardedHttpToolsProtocol]:
 __all__ = [
     "CLIENT_GONE_KEY",
     "SLICE",
+    "WRITE_WHOLE_KEY",
     "GuardedHttpToolsProtocol",
     "HeaderLimits",
     "KeepAliveH11Protocol",

@@ -36,8 +36,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servetune._exceptions import ApiError
 from servetune.api.gateway import Access, Answer, Call, Caller, Gateway
-from servetune.api.http1 import CLIENT_GONE_KEY
-from servetune.timing import TIMEOUT_MS
+from servetune.api.http1 import CLIENT_GONE_KEY, WRITE_WHOLE_KEY
+from servetune.timing import BATCH_SIZE, HANDLER_MS, QUEUE_MS, TIMEOUT_MS
 
 NO_CACHE_HEADERS = {
     "Pragma": "no-cache",
@@ -45,6 +45,7 @@ NO_CACHE_HEADERS = {
     "Expires": "Thu, 01 Jan 1970 00:00:00 UTC",
 }
 CLIENT_GONE = 499  # nginx's "client closed request": nobody is left to read the answer
+_QUEUE_MS, _HANDLER_MS, _BATCH_SIZE = (name.encode("latin-1") for name in (QUEUE_MS, HANDLER_MS, BATCH_SIZE))
 
 Endpoint = Callable[[Request, Caller], Awaitable[Response]]
 ErrorShape = Callable[[ApiError], Response]
@@ -94,15 +95,64 @@ def _latin1(text: str) -> bool:
     return True
 
 
+class WholeResponse(Response):
+    """A prediction's answer: Starlette's Response, its raw headers made at once (``fields``: lower-case, checked,
+    without ``content-length``), and written in one go with its body by servetune's HTTP protocol
+    (``http1.WRITE_WHOLE_KEY``); under another server (Ray's proxy) sent as ASGI messages like any response."""
+
+    def __init__(self, body: bytes, status: int, fields: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = status
+        self.background = None
+        self.body = body
+        self.fields = fields
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
+        return [*self.fields, (b"content-length", b"%d" % len(self.body))]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        whole = scope.get(WRITE_WHOLE_KEY)
+        if whole is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await whole(self.status_code, self.fields, self.body)
+
+
+_NO_CACHE_FIELDS = tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in NO_CACHE_HEADERS.items())
+# headers a handler may set that frame the answer (or end the connection): its answer then takes Starlette's way
+_FRAMING = frozenset(("content-length", "content-type", "connection", "transfer-encoding"))
+
+
 def answer_response(answer: Answer) -> Response:
     """The handler's answer as HTTP: its body and headers, the no-cache headers, the timing headers and the request
-    id; ApiError 500 when a header the handler set cannot be sent."""
-    result = answer.result
-    problem = header_problem(result.headers, result.content_type)
+    id; ApiError 500 when a header the handler set cannot be sent, 400 for a client's ``x-request-id`` that
+    cannot be sent back."""
+    result, request_id = answer.result, answer.request_id
+    handler_headers, content_type, status = result.headers, result.content_type, result.status
+    problem = header_problem(handler_headers, content_type) if handler_headers or content_type else None
     if problem is not None:
         raise ApiError.internal(problem)
-    headers = {**NO_CACHE_HEADERS, **result.headers, **dict(answer.timing()), "x-request-id": answer.request_id}
-    return Response(result.body, result.status, headers, media_type=result.content_type)
+    if _BAD_VALUE.search(request_id):
+        raise ApiError.bad_request(f"x-request-id {request_id[:80]!r} has a control character (CR, LF or other)")
+    if status < 200 or status in (204, 304) or any(name.lower() in _FRAMING for name in handler_headers):
+        headers = {**NO_CACHE_HEADERS, **handler_headers, **dict(answer.timing()), "x-request-id": request_id}
+        return Response(result.body, status, headers, media_type=content_type)
+    if handler_headers:
+        merged = {**NO_CACHE_HEADERS, **handler_headers}
+        fields = [(name.lower().encode("latin-1"), str(value).encode("latin-1")) for name, value in merged.items()]
+    else:
+        fields = list(_NO_CACHE_FIELDS)
+    fields += (
+        (_QUEUE_MS, b"%.3f" % result.queue_ms),
+        (_HANDLER_MS, b"%.3f" % result.handler_ms),
+        (_BATCH_SIZE, b"%d" % result.batch_size),
+        (b"x-request-id", request_id.encode("latin-1")),
+    )
+    if content_type is not None:
+        if content_type.startswith("text/") and "charset=" not in content_type.lower():
+            content_type += "; charset=utf-8"  # as Starlette's Response adds it
+        fields.append((b"content-type", content_type.encode("latin-1")))
+    return WholeResponse(result.body, status, fields)
 
 
 # ---- requests ----------------------------------------------------------------------------------------------------
@@ -340,4 +390,5 @@ __all__ = [
     "route_path",
     "with_direct_routes",
     "without_trailing_slash",
+    "WholeResponse",
 ]

@@ -29,9 +29,9 @@ import os
 import socket
 import struct
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -98,12 +98,96 @@ def decode(payload: bytes | bytearray | memoryview) -> tuple[dict[str, Any], lis
     return header, blobs
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], list[bytes]]:
-    """Read one frame; raises asyncio.IncompleteReadError on EOF."""
-    (length,) = _U32.unpack(await reader.readexactly(_U32.size))
-    if length > MAX_FRAME:
-        raise ProtocolError(f"frame of {length} bytes is too large")
-    return decode(await reader.readexactly(length))
+class FrameProtocol(asyncio.Protocol):
+    """The event loop's end of a frame socket (the frontend's, to a worker): each whole frame is decoded in the
+    loop's read callback and handed to ``on_frame`` there, with no reader task and no stream between (a worker's
+    answer resolves its batch's future from the callback itself); ``on_lost(error)`` once the connection ends:
+    None at EOF, the ProtocolError of a malformed frame (the connection is then closed), or the transport's error.
+    :meth:`send` writes a frame, :meth:`drain` waits while the transport's buffer is over its high-water mark."""
+
+    def __init__(
+        self,
+        on_frame: Callable[[dict[str, Any], list[bytes]], None],
+        on_lost: Callable[[BaseException | None], None],
+    ) -> None:
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._buffer = bytearray()
+        self._error: BaseException | None = None
+        self._lost = False
+        self._resumed: asyncio.Future[None] | None = None  # set while writing is paused
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+
+    def data_received(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        buffer = self._buffer
+        if not buffer and len(data) >= _U32.size:  # the common case: one whole frame in one read, decoded in place
+            (length,) = _U32.unpack_from(data, 0)
+            if len(data) == _U32.size + length and length <= MAX_FRAME:
+                self._deliver(memoryview(data)[_U32.size :])
+                return
+        buffer += data
+        start = 0
+        while self._error is None and len(buffer) - start >= _U32.size:
+            (length,) = _U32.unpack_from(buffer, start)
+            if length > MAX_FRAME:
+                self._fail(ProtocolError(f"frame of {length} bytes is too large"))
+                return
+            end = start + _U32.size + length
+            if len(buffer) < end:
+                break
+            with memoryview(buffer) as view:
+                self._deliver(view[start + _U32.size : end])
+            start = end
+        del buffer[:start]
+
+    def _deliver(self, payload: memoryview) -> None:
+        try:
+            self._on_frame(*decode(payload))
+        except ProtocolError as exc:  # a frame that is not one, or (from on_frame) not a message
+            self._fail(exc)
+
+    def _fail(self, error: ProtocolError) -> None:
+        # a fresh error, without the traceback: its frames hold views of the buffer, which could not shrink then
+        self._error = ProtocolError(str(error))
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._buffer.clear()
+        self.resume_writing()
+        self._on_lost(self._error or exc)
+
+    def pause_writing(self) -> None:
+        if self._resumed is None:
+            self._resumed = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and not resumed.done():
+            resumed.set_result(None)
+
+    def send(self, frame: bytes) -> None:
+        """Write a frame; ConnectionResetError once the connection is gone or closing."""
+        if self._lost or self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+        self.transport.write(frame)
+
+    async def drain(self) -> None:
+        """Wait while the transport's buffer is full; ConnectionResetError if the connection goes meanwhile."""
+        if self._resumed is not None:
+            await asyncio.shield(self._resumed)
+        if self._lost:
+            raise ConnectionResetError("the connection is closed")
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 class SocketFrames:
@@ -438,7 +522,7 @@ __all__ = [
     "decode_message",
     "decode_typed",
     "encode",
-    "read_frame",
+    "FrameProtocol",
     "recv_chunk",
     "recv_frame",
 ]

@@ -23,6 +23,7 @@ from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
 from servetune.handlers.spec import CpuSettings, WorkerSpec
 from servetune.hardware import process_memory
 from servetune.server.messages import (
+    FrameProtocol,
     Load,
     LoadError,
     Message,
@@ -32,7 +33,6 @@ from servetune.server.messages import (
     Ready,
     Result,
     decode_message,
-    read_frame,
 )
 from servetune.server.parent import ModelParent
 from servetune.server.spawn import describe_exit, spawn, watch_exit
@@ -116,10 +116,9 @@ class WorkerProcess:
         self.on_exit: Callable[[], None] | None = None  # called once the process is gone (its socket closed)
         self._proc: _Spawned | _Forked | None = None
         self._reaped = asyncio.Event()  # the process has exited and its exit code is known (or never will be)
-        self._writer: asyncio.StreamWriter | None = None
+        self._channel: FrameProtocol | None = None  # its socket: frames are read as they arrive (_frame, _lost)
         self._pending: asyncio.Future[Message] | None = None
         self._ready: asyncio.Future[Message] | None = None
-        self._reader_task: asyncio.Task[None] | None = None
         self.on_partial: Callable[[Partial], None] | None = None  # set by the pool while a batch runs
         self.exited = asyncio.Event()
 
@@ -156,7 +155,7 @@ class WorkerProcess:
             if self._ready is not None and not self._ready.done():
                 self._ready.cancel()
             self.kill()
-            if self._writer is None:
+            if self._channel is None:
                 parent.close()
             raise
         self.load_ms = message.load_ms
@@ -191,10 +190,10 @@ class WorkerProcess:
 
     async def _load(self, loop: asyncio.AbstractEventLoop, parent: socket.socket, timeout: float) -> Ready:
         """Send the spec, wait for the worker's answer."""
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
-        self._writer.write(Load(self.spec).encode())
         self._ready = loop.create_future()
-        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.worker_id}-reader")
+        made = await loop.create_unix_connection(lambda: FrameProtocol(self._frame, self._lost), sock=parent)
+        self._channel = made[1]
+        self._channel.send(Load(self.spec).encode())
         try:
             message = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except TimeoutError:
@@ -209,44 +208,44 @@ class WorkerProcess:
             raise WorkerLoadError(f"worker sent {type(message).__name__} before it was ready")
         return message
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        error: BaseException = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
-        try:
-            while True:
-                message = decode_message(*await read_frame(reader))
-                if isinstance(message, Partial):
-                    if self.on_partial is not None:
-                        self.on_partial(message)
-                    continue
-                target = self._ready if self._ready is not None and not self._ready.done() else self._pending
-                if target is not None and not target.done():
-                    target.set_result(message)
-        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
-            if isinstance(exc, ProtocolError):
-                error = WorkerDied(f"worker {self.worker_id} sent a malformed frame: {exc}")
-        finally:
-            for fut in (self._ready, self._pending):
-                if fut is not None and not fut.done():
-                    fut.set_exception(error)
-            self.exited.set()
-            if self.on_exit is not None:
-                self.on_exit()
-            if self._writer is not None:
-                self._writer.close()
-            if self._proc is not None and not self._proc.gone:
-                # The socket closed: the process is gone or going; reap it without blocking the loop.
-                self.kill()
-                await self._reaped.wait()
+    def _frame(self, header: dict[str, Any], blobs: list[bytes]) -> None:
+        """A frame from the worker, in the loop's read callback: a Partial goes to the running batch's stream; any
+        other message answers whoever waits (the start, else the batch). ProtocolError: not a message."""
+        message = decode_message(header, blobs)
+        if isinstance(message, Partial):
+            if self.on_partial is not None:
+                self.on_partial(message)
+            return
+        target = self._ready if self._ready is not None and not self._ready.done() else self._pending
+        if target is not None and not target.done():
+            target.set_result(message)
+
+    def _lost(self, error: BaseException | None) -> None:
+        """The socket closed (the process is gone or going, or sent a malformed frame): fail whoever waits, report
+        the exit, and make sure the process goes."""
+        if isinstance(error, ProtocolError):
+            died = WorkerDied(f"worker {self.worker_id} sent a malformed frame: {error}")
+        else:
+            died = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
+        for fut in (self._ready, self._pending):
+            if fut is not None and not fut.done():
+                fut.set_exception(died)
+        self.exited.set()
+        if self.on_exit is not None:
+            self.on_exit()
+        if self._proc is not None and not self._proc.gone:
+            self.kill()  # reaped by its watcher (_reaped)
 
     async def run(self, batch: Predict, timeout: float) -> Result:
         """Send one batch and wait for its result."""
-        if not self.alive or self._writer is None:
+        channel = self._channel
+        if not self.alive or channel is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
         loop = asyncio.get_running_loop()
         pending = self._pending = loop.create_future()
         try:
-            self._writer.write(batch.encode())
-            await self._writer.drain()
+            channel.send(batch.encode())
+            await channel.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
         # One timer per batch rather than wait_for(shield(...)), which makes two tasks and a future per batch.
@@ -291,16 +290,16 @@ class WorkerProcess:
 
     async def stop(self, grace: float = 5.0) -> None:
         """Close the socket (the worker exits on EOF), then kill it if it lingers."""
-        if self._writer is not None:
-            self._writer.close()
+        if self._channel is not None:
+            self._channel.close()
         if self._proc is not None and not self._reaped.is_set():
             try:
                 await asyncio.wait_for(self._reaped.wait(), grace)
             except TimeoutError:
                 self.kill()
                 await self._reaped.wait()
-        if self._reader_task is not None:
-            await asyncio.gather(self._reader_task, return_exceptions=True)
+        if self._channel is not None:
+            await self.exited.wait()  # the socket's close has been seen (_lost ran)
 
     def memory(self) -> tuple[int, int | None]:
         """(RSS, PSS) in bytes (PSS None where the kernel does not tell); (0, None) before it starts."""
