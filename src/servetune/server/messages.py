@@ -112,7 +112,7 @@ class FrameProtocol(asyncio.Protocol):
     ) -> None:
         self._on_frame = on_frame
         self._on_lost = on_lost
-        self._buffer = bytearray()
+        self._frames = FrameBuffer()
         self._error: BaseException | None = None
         self._lost = False
         self._resumed: asyncio.Future[None] | None = None  # set while writing is paused
@@ -124,42 +124,19 @@ class FrameProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
             return
-        buffer = self._buffer
-        if not buffer and len(data) >= _U32.size:  # the common case: one whole frame in one read, decoded in place
-            (length,) = _U32.unpack_from(data, 0)
-            if len(data) == _U32.size + length and length <= MAX_FRAME:
-                self._deliver(memoryview(data)[_U32.size :])
-                return
-        buffer += data
-        start = 0
-        while self._error is None and len(buffer) - start >= _U32.size:
-            (length,) = _U32.unpack_from(buffer, start)
-            if length > MAX_FRAME:
-                self._fail(ProtocolError(f"frame of {length} bytes is too large"))
-                return
-            end = start + _U32.size + length
-            if len(buffer) < end:
-                break
-            with memoryview(buffer) as view:
-                self._deliver(view[start + _U32.size : end])
-            start = end
-        del buffer[:start]
-
-    def _deliver(self, payload: memoryview) -> None:
+        frames = self._frames
+        frames.feed(data)
         try:
-            self._on_frame(*decode(payload))
+            while (frame := frames.next_frame()) is not None:
+                self._on_frame(frame[0], frame[1])
         except ProtocolError as exc:  # a frame that is not one, or (from on_frame) not a message
-            self._fail(exc)
-
-    def _fail(self, error: ProtocolError) -> None:
-        # a fresh error, without the traceback: its frames hold views of the buffer, which could not shrink then
-        self._error = ProtocolError(str(error))
-        if self.transport is not None:
-            self.transport.close()
+            self._error = exc
+            if self.transport is not None:
+                self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self._buffer.clear()
+        self._frames.close()
         self.resume_writing()
         self._on_lost(self._error or exc)
 
