@@ -23,6 +23,20 @@ from servetune.archive import create_archive
 from servetune.embedded import EmbeddedServer
 
 IN, OUT = 1024, 2048  # an 8 MiB weight matrix: large next to the rest of what a worker maps from its archive
+BLOCK = 64 << 20  # what the batchmem handler allocates for each batch, as a model's activations
+
+# Every batch allocates (and zero-fills: every page touched) a 64 MiB block, then frees it.
+BATCHMEM_HANDLER = textwrap.dedent(
+    f"""
+    def handle(data, context):
+        if data is None:
+            return None
+        block = bytearray({BLOCK})
+        block[-1] = 1
+        del block
+        return ["ok" for _ in data]
+    """
+)
 
 MODEL_FILE = textwrap.dedent(
     f"""
@@ -92,9 +106,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedS
     store = tmp / "store"
     sleep_archive(store, name="noop", batch_ms=0)  # its handler imports no torch
     handler_archive(store, "echo", "echo.py", ECHO_HANDLER, {})  # its code imports json only
+    handler_archive(store, "batchmem", "batchmem.py", BATCHMEM_HANDLER, {})
     expected = weights_archive(store, tmp)
     properties = {"disable_token_authorization": "true", "default_workers_per_model": "1"}
-    models = {"noop": "noop.mar", "wide": "wide.mar", "echo": "echo.mar"}
+    models = {"noop": "noop.mar", "wide": "wide.mar", "echo": "echo.mar", "batchmem": "batchmem.mar"}
     with EmbeddedServer(store, models, properties, workdir=tmp / "server") as server:
         yield server, expected
 
@@ -193,6 +208,38 @@ def test_describe_and_metrics_report_each_workers_rss_and_pss(served: tuple[Embe
     # the parent the wide workers were forked from: its own share of the pages it shares with them
     assert 'servetune_worker_pss_bytes{model_name="wide",model_version="1.0",worker_id="parent"}' in text
     assert not [line for line in text.splitlines() if 'model_name="echo"' in line and 'worker_id="parent"' in line]
+
+
+def minor_faults(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def test_a_busy_worker_reuses_a_batchs_memory_and_gives_it_back_once_idle(
+    served: tuple[EmbeddedServer, float],
+) -> None:
+    server, _ = served
+    url = f"{server.inference_url}/predictions/batchmem"
+    [worker] = workers(server, "batchmem")
+    process = psutil.Process(worker["pid"])
+    pages = BLOCK // os.sysconf("SC_PAGE_SIZE")
+    for _ in range(3):  # two batches within the worker's idle time (1 s); a slow host may need another try
+        assert call("POST", url, b"x").status == 200
+        faults, started = minor_faults(process.pid), time.monotonic()
+        assert call("POST", url, b"x").status == 200
+        if time.monotonic() - started < 0.8:
+            break
+    else:
+        pytest.skip("the host never answered two requests within a second")
+    # the second batch's block is the first one's pages, still mapped: glibc's default would have unmapped the
+    # block at free (past its 32 MB mmap threshold) and faulted all of it in again
+    assert minor_faults(process.pid) - faults < pages // 4
+    held = process.memory_info().rss
+    assert held >= BLOCK
+    # once no batch has come for a second, the free pages go back
+    deadline = time.monotonic() + 15.0
+    while process.memory_info().rss > held - BLOCK // 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.memory_info().rss <= held - BLOCK // 2, (held, process.memory_info().rss)
 
 
 def test_workers_of_a_torch_model_are_forked_from_its_parent_and_share_torchs_memory(

@@ -22,6 +22,7 @@ import traceback
 
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, prepare_cpu, start_service
+from servetune.server.batch_memory import IDLE_S, BatchMemory
 from servetune.server.messages import (
     Answer,
     Load,
@@ -60,6 +61,9 @@ def _die_with_parent() -> None:
 def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: WorkerSpec) -> None:
     applied = (spec.num_threads, spec.cpu_cores)
     cpu = cpu_settings()
+    memory = BatchMemory.tuned()  # a batch's memory kept for the next while batches come, given back at idle
+    incoming = select.poll()
+    incoming.register(sock, select.POLLIN)
     sending = threading.Lock()  # a handler may send intermediate answers from threads of its own
 
     def send(frame: bytes) -> None:
@@ -71,6 +75,9 @@ def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: Wo
 
     service.context.partial_sink = partial
     while True:
+        if memory is not None and memory.holding and not frames.buffered:
+            if not incoming.poll(IDLE_S * 1000.0):
+                memory.idle()
         try:
             message = decode_message(*frames.next())
         except EOFError:
@@ -89,6 +96,8 @@ def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: Wo
         handler_ms = (time.perf_counter() - start) * 1000.0
         answers = [Answer(r.status, r.body, r.content_type, r.headers) for r in responses]
         send(Result(answers, handler_ms, _gpu_memory(), cpu).encode())
+        if memory is not None:
+            memory.batch_ran()
 
 
 def _gpu_memory() -> int:
