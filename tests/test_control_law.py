@@ -8,7 +8,16 @@ import pytest
 from servetune._exceptions import ConfigError
 from servetune.control import Cost, Knobs, completion_ms, decide, parse_settings
 from servetune.control.estimate import RateMeter, ServiceFit
-from servetune.control.law import ThreadCost, batch_cap, batch_needed, decide_threads, measured_bounds, rescaled
+from servetune.control.law import (
+    ThreadCost,
+    batch_cap,
+    batch_needed,
+    batching_gain,
+    decide_threads,
+    measured_bounds,
+    rescaled,
+    useful_cap,
+)
 from servetune.control.policy import View, make_policy, thread_cost
 from servetune.control.slo_policy import HOLD_S, WORKERS_HOLD_S
 
@@ -58,6 +67,27 @@ def test_each_worker_count_is_judged_at_its_own_cap() -> None:
     result = decide(Cost(25.0, 2.5), 291.0, 100.0, 10.0, (1, 32), (0, 50), (1, 4))
     assert result.knobs == Knobs(13, 0.0, 2)
     assert decide(Cost(25.0, 2.5), 370.0, 100.0, 10.0, (1, 32), (0, 50), (1, 4)).knobs.workers == 3  # 362 < 370
+
+
+def test_a_batch_that_costs_in_proportion_to_its_size_is_formed_only_when_the_load_needs_it() -> None:
+    # resnet18 on a CPU core: t(n) = 1.6 + 42.5n ms (cautious b 45), SLA 176, margin 10 (budget 164). Two workers'
+    # worst case fits a pair (1.5 (1.6 + 45 x 2) = 137 <= 164), but pairs carry 2 / 86.6 ms against 1 / 44.1 ms:
+    # 1.8% more per second, under GAIN_FLOOR (10%): batches of one at every rate, the load held or not
+    cost, cautious = Cost(1.6, 42.5), Cost(1.6, 45.0)
+    assert batching_gain(cost, 2) == pytest.approx(2 * 44.1 / 86.6 - 1)
+    for rate in (10.0, 30.0, 36.0, 44.0):
+        result = decide(cost, rate, 176.0, 10.0, (1, 4), (0, 0), (2, 2), cautious)
+        assert result.knobs.batch_size == 1, rate
+        assert result.feasible == (rate <= 36.0)  # 44 req/s: 0.022 x 42.5 = 0.94 > 0.8 busy at any batch
+    # a = 4, b = 40: pairs carry 4.8% more; at 19 req/s one worker needs them (0.019 x 4 / (0.8 - 0.019 x 40) = 1.9
+    # -> 2) and the SLA (200) allows them (2 x 84 = 168): the batch the load needs, and no more at 10 req/s
+    assert decide(Cost(4.0, 40.0), 19.0, 200.0, 0.0, (1, 4), (0, 0), (1, 1)).knobs.batch_size == 2
+    assert decide(Cost(4.0, 40.0), 10.0, 200.0, 0.0, (1, 4), (0, 0), (1, 1)).knobs.batch_size == 1
+    # where batching pays, the cap is the largest the SLA allows, whatever the load needs: a = 25, b = 2.5, a batch
+    # of 13 carries 6.2x a batch of one
+    assert useful_cap(Cost(25.0, 2.5), 13, 1, 1) == 13
+    assert useful_cap(cost, 4, 3, 2) == 3  # the bounds' least is the reference: 3 needed of at least 2
+    assert useful_cap(cost, 4, None, 2) == 2  # no batch is enough: the least
 
 
 def test_decide_keeps_the_delay_at_its_lower_bound_and_the_cap_within_what_it_leaves() -> None:

@@ -4,7 +4,10 @@ worker, its threads), the arrival rate λ, the SLA's latency L and the knobs' bo
 1. **Batch cap** n_cap: the largest batch within bounds whose worst case fits the SLA: a request may find every
    worker busy with a full batch, wait for the first to free (under load greedy dispatch staggers the W workers'
    batches: within t(n)/W), wait out the batch delay d, then run in its own batch:
-   ``d + (1 + 1/W)·t(n_cap) <= L - m`` (m: the predictions' error margin plus the frontend's slack).
+   ``d + (1 + 1/W)·t(n_cap) <= L - m`` (m: the predictions' error margin plus the frontend's slack). Unless
+   batching pays (:func:`useful_cap`): when batches of n_cap carry under ``GAIN_FLOOR`` more per second than
+   batches of the bounds' least (a batch that costs in proportion to its size, as a CNN on a CPU core), the cap is
+   the batch the load needs and no larger: a larger batch would only make its first requests wait for the last.
 2. **Workers** W: the fewest within bounds whose capacity at their cap keeps each worker busy at most ρ = 0.8 of the
    time: ``W·n_cap(W) / t(n_cap(W)) >= λ / ρ``, each W at its own cap (more workers wait less for one to free, so
    their cap is larger).
@@ -41,6 +44,7 @@ from servetune.control.settings import Knobs
 RHO = 0.8  # the busy share per worker the law keeps under: headroom for bursts and the fit's error
 SLACK_MS = 2.0  # the host's scheduling and the frontend's own time, per request
 EXTRAPOLATE = 2  # the cap stays within this many times the largest batch measured, until larger ones are seen
+GAIN_FLOOR = 0.10  # batches that carry less than this much more per second than the smallest are not worth the wait
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,27 @@ def batch_needed(cost: Cost, rate: float, workers: int, rho: float = RHO) -> int
     return max(1, math.ceil(per_worker * cost.a_ms / room - 1e-9))
 
 
+def batching_gain(cost: Cost, n: int, low: int = 1) -> float:
+    """How much more a worker carries per second in batches of ``n`` than in batches of ``low``: 0.1 is 10% more."""
+    t_n, t_low = cost.t(n), cost.t(low)
+    if t_n <= 0 or t_low <= 0 or low < 1:
+        return math.inf
+    return (n / t_n) / (low / t_low) - 1.0
+
+
+def useful_cap(cost: Cost, n_cap: int, needed: int | None, low: int) -> int:
+    """``n_cap``, unless batches of it carry under ``GAIN_FLOOR`` more per second than batches of ``low`` (the
+    bounds' least): then the batch the load needs (``needed``), ``low`` when none up to the cap is enough. Batching
+    that buys no capacity buys only latency: a batch of two of a model whose batch costs twice a batch of one makes
+    the first request wait for the second and serves the second no sooner (resnet18 on a CPU core: t(n) = 1.6 +
+    42.5n ms, 1.8% more per second in pairs, and a pair's worst case 64 ms longer)."""
+    if n_cap <= low or batching_gain(cost, n_cap, low) >= GAIN_FLOOR:
+        return n_cap
+    if needed is None or needed > n_cap:
+        return low
+    return max(low, needed)
+
+
 def decide(
     cost: Cost,
     rate: float,
@@ -133,14 +158,16 @@ def decide(
     # one to free, so each may take a larger batch); the bounds' most when none does
     workers = worker_bounds[1]
     for w in range(worker_bounds[0], worker_bounds[1] + 1):
-        n = batch_cap(capped, budget, delay, batch_bounds, w)
+        n = useful_cap(cost, batch_cap(capped, budget, delay, batch_bounds, w), batch_needed(cost, rate, w),
+                       batch_bounds[0])  # fmt: skip
         if w * n / cost.t(n) * 1000.0 * RHO >= rate - 1e-9:
             workers = w
             break
-    n_cap = batch_cap(capped, budget, delay, batch_bounds, workers)
+    n_fits = batch_cap(capped, budget, delay, batch_bounds, workers)
     # 3. the delay: its lower bound; the batch the load needs tells whether these knobs hold the load at all
     needed = batch_needed(cost, rate, workers)
-    feasible = needed is not None and needed <= n_cap
+    feasible = needed is not None and needed <= n_fits
+    n_cap = useful_cap(cost, n_fits, needed, batch_bounds[0])
     n_need = min(needed, n_cap) if needed is not None else n_cap
     utilization = rate / workers / 1000.0 * cost.t(n_need) / n_need
     worst = delay + wait_factor(workers) * capped.t(n_cap)
@@ -245,8 +272,11 @@ __all__ = [
     "SLACK_MS",
     "Cost",
     "LawResult",
+    "GAIN_FLOOR",
     "batch_cap",
     "batch_needed",
+    "batching_gain",
+    "useful_cap",
     "ThreadCost",
     "completion_ms",
     "decide",

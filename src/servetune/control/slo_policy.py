@@ -47,9 +47,11 @@ from servetune.control.law import (
     LawResult,
     ThreadCost,
     batch_cap,
+    batch_needed,
     decide,
     decide_threads,
     measured_bounds,
+    useful_cap,
     wait_factor,
 )
 from servetune.control.policy import BatchSeen, Decision, View
@@ -178,7 +180,9 @@ class SloPolicy:
         # only once its oldest request waited past the law's worst case, so the steady load keeps the law's batches
         reserve = workers - self._collecting(view, rate, cost, cautious, law.knobs.workers, workers)
         if (workers, threads) != (want.workers, want.threads):  # workers or threads held: the cap those allow
-            cap = batch_cap(cautious, budget, want.max_batch_delay_ms, held.batch_bounds, workers - reserve)
+            collecting = workers - reserve
+            cap = batch_cap(cautious, budget, want.max_batch_delay_ms, held.batch_bounds, collecting)
+            cap = useful_cap(held.cost, cap, batch_needed(held.cost, rate, collecting), held.batch_bounds[0])
             want = Knobs(cap, want.max_batch_delay_ms, workers, threads)
         # the delay: longer at once, shorter after HOLD_S
         delay = now.max_batch_delay_ms
