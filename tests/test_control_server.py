@@ -44,7 +44,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
     tmp = tmp_path_factory.mktemp("control")
     store = tmp / "store"
     sleep_archive(store, "step", batch_ms=20, item_ms=5, model_config=STEP)
-    sleep_archive(store, "shed", batch_ms=100, model_config=SHED)
+    shed = {"controller": {**SHED["controller"], "log": str(tmp / "logs" / "shed.jsonl")}}
+    sleep_archive(store, "shed", batch_ms=100, model_config=shed)
     logged: dict[str, Any] = {
         "controller": {
             "slo": {"p99_ms": 500},
@@ -211,6 +212,17 @@ def test_shedding_answers_503_at_once_to_what_cannot_make_it_and_serves_what_can
     refused = call("POST", url, json.dumps(oip).encode(), {"Content-Type": "application/json"})
     assert refused.status == 503 and time.monotonic() - started < 0.5, refused.body
     assert "deadline" in refused.json()["error"]
+    # each refusal is in the decision log with the prediction that refused it: the burst's against the SLA (280 ms),
+    # the clients' own against theirs (50 ms)
+    time.sleep(0.3)  # the log is flushed every tick
+    tmp: Path = server.tmp  # type: ignore[attr-defined]
+    lines = [json.loads(line) for line in (tmp / "logs" / "shed.jsonl").read_text().splitlines()]
+    refusals = [r for r in lines if r["kind"] == "shed"]
+    assert len(refusals) == len(shed) + 2
+    assert sum(not r["own"] for r in refusals) == len(shed)
+    for r in refusals:
+        assert r["predicted_ms"] + r["margin_ms"] + 2.0 > r["room_ms"]  # the rule that refused it
+        assert r["room_ms"] <= (50.0 if r["own"] else 280.0)
 
 
 def test_a_deadline_that_passes_in_the_queue_is_answered_504_at_the_deadline(server: EmbeddedServer) -> None:

@@ -309,6 +309,7 @@ class Controller:
         if now + (wait_ms + self.margin_ms + SLACK_MS) / 1000.0 <= limit:
             return
         self.shed_count += 1
+        self.log.shed(now - self.started, wait_ms, (limit - now) * 1000.0, self.margin_ms, queue, len(busy), own)
         retry = max(1, math.ceil(wait_ms / 1000.0))
         raise ApiError(
             f"Model {self.name} would answer in {wait_ms:.0f} ms, past the request's deadline "

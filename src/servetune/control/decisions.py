@@ -54,6 +54,24 @@ class DecisionLog:
         if len(self._pending) >= PENDING_MAX:  # ticks late (a loop held up): bound what waits in memory
             self.flush()
 
+    def shed(
+        self,
+        t: float,
+        predicted_ms: float,
+        room_ms: float,
+        margin_ms: float,
+        queue: int,
+        running: int,
+        own: bool,
+    ) -> None:
+        """One refused request's line (admission, ``shed: true``): its predicted wait, the time left to its deadline
+        (``own``: the client's, else the SLA's), the margin added, the requests queued and the batches running."""
+        if self._file is None:
+            return
+        self._pending.append(("shed", t, predicted_ms, room_ms, margin_ms, queue, running, own))
+        if len(self._pending) >= PENDING_MAX:
+            self.flush()
+
     def change(self, record: dict[str, Any]) -> None:
         self.recent.append(record)
         if self._file is not None:
@@ -66,6 +84,14 @@ class DecisionLog:
         for record in pending:
             if len(record) == 1:
                 lines.append(record[0] + "\n")
+                continue
+            if record[0] == "shed":
+                _, t, wait, room, margin, queue, running, own = record
+                flag = "true" if own else "false"
+                lines.append(
+                    f'{{"t":{t:.4f},"kind":"shed","predicted_ms":{wait:.3f},"room_ms":{room:.3f},'
+                    f'"margin_ms":{margin:.3f},"queue":{queue},"running":{running},"own":{flag}}}\n'
+                )
                 continue
             t, worker, reason, size, oldest_queue_ms, predicted_ms, actual_ms, threads = record
             name = quoted.get(worker)
