@@ -4,7 +4,10 @@
     python benchmarks/controller_vs_baselines.py [--seconds 900] [--policies controller,greedy,...] [--json rows.json]
     python benchmarks/controller_vs_baselines.py --model resnet18 --quick --sla-x 5 [--decisions DIR]
 
-``--decisions DIR`` keeps each run's decision log (``m<run>-<policy>.jsonl``: every batch and knob change).
+``--decisions DIR`` keeps each run's decision log (``m<run>-<policy>.jsonl``: every batch, knob change and shed request)
+and its requests (``m<run>-<policy>.npz``: ``start_s``, ``latency_ms``, ``status``, one entry per request sent).
+``--capacity RPS`` takes C from an earlier run instead of measuring it; ``--scores moving`` measures the moving load
+alone (``scale``, ``overload``: the others; overload needs the sustainable scale).
 ``--cpu-pairs N`` then replays the moving trace N times each for the controller and static, in ABBA order, and
 prints their CPU per 1,000 good answers pair by pair (the median ratio and each pair's; one run each decides nothing:
 two policies serving the same batches measured 0.97 and 0.78 in one run).
@@ -92,6 +95,7 @@ ALL_POLICIES = ("controller", "greedy", "static", "static-mean", "aimd", "lsq", 
 QUICK_POLICIES = ("controller", "greedy", "static", "oracle")
 BATCH_BOUNDS = (1, 32)
 DELAY_BOUNDS = (0, 50)
+SCORES = frozenset(("moving", "scale", "overload"))  # the three scores (``--scores``)
 SCALE_RANGE = (0.25, 2.0)  # the sustainable scale's bisection (log scale); the low end is printed as "<=", unmeasured
 
 
@@ -333,6 +337,9 @@ class Bench:
         latency = np.frombuffer(rec.latency_ms, dtype=np.float64)
         status_codes = np.frombuffer(rec.status, dtype=np.int32)
         good = (status_codes >= 200) & (status_codes < 300) & (latency <= self.setup.sla_ms)
+        if self.decisions is not None:  # each request's send time (s), latency (ms) and status, beside the log
+            out = self.decisions / f"{name}-{self.label(section)}.npz"
+            np.savez_compressed(out, start_s=start, latency_ms=latency, status=status_codes)
         return {
             "start": start,
             "good": good,
@@ -427,7 +434,10 @@ def capacity(bench: Bench, setup: Setup, log: Any) -> float:
     return low
 
 
-def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any) -> dict[str, Any]:
+def score(
+    bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any, scores: frozenset[str] = SCORES
+) -> dict[str, Any]:
+    """The policy's three scores (those in ``scores``; the others NaN)."""
     w = setup.workers
     parts = phases(setup, c)
     moving = schedule_of(parts, seed)
@@ -443,7 +453,7 @@ def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any
     )
     # sustainable scale: bisection on the short trace, each policy configured for that scale (the oracle knows it)
     low, high = SCALE_RANGE
-    for step in range(setup.bisect_steps):
+    for step in range(setup.bisect_steps if "scale" in scores else 0):
         k = math.sqrt(low * high)
         short = phases(setup, c, k, setup.short_s)
         sec = controller_section(setup, policy, c, short, len(schedule_of(short, seed)) / setup.short_s)
@@ -453,20 +463,10 @@ def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any
         ok = trial["attainment"] >= 0.99
         log(f"    scale {k:.2f}: attainment {100 * trial['attainment']:.2f}% {'ok' if ok else 'no'}")
         low, high = (k, high) if ok else (low, k)
-    sustainable = low
-    # overload: 1.5x the policy's own sustainable peak rate, then 0.5 C
-    rate = 0.9 * c * sustainable
-    over = Schedule.steady(1.5 * rate, "poisson", seconds=setup.overload_s, seed=seed + 50).then(
-        Schedule.steady(0.5 * c, "poisson", seconds=setup.after_s, seed=seed + 51)
-    )
-    overload_parts = [Phase(setup.overload_s, 1.5 * 0.9 * sustainable, Segment(setup.overload_s, 1.5 * rate))]
-    overload_parts.append(Phase(1e9, 0.5, Segment(setup.after_s, 0.5 * c)))
-    sec = section if policy in ("static", "static-mean") else controller_section(setup, policy, c, overload_parts, rate)
-    trial = bench.run(sec, over, w)
-    during = trial["start"] < setup.overload_s
-    goodput = trial["good"][during].sum() / setup.overload_s / rate
-    back = recovery_s(trial, setup.overload_s, setup.overload_s + setup.after_s)
-    log(f"    overload: goodput {goodput:.2f} of {rate:.0f} req/s, recovery {back:.1f} s")
+    sustainable = low if "scale" in scores else math.nan
+    goodput = back = math.nan
+    if "overload" in scores:
+        goodput, back = overload(bench, setup, policy, c, sustainable, section, seed, log)
     return {
         "model": bench.served.label,
         "policy": policy,
@@ -483,6 +483,27 @@ def score(bench: Bench, setup: Setup, policy: str, c: float, seed: int, log: Any
         "p99_ms": round(run["p99_ms"], 2),
         "capacity_rps": round(c, 1),
     }
+
+
+def overload(
+    bench: Bench, setup: Setup, policy: str, c: float, sustainable: float, section: dict[str, Any], seed: int, log: Any
+) -> tuple[float, float]:
+    """Goodput during 1.5x the policy's own sustainable peak rate (a share of that rate), and the recovery after."""
+    w = setup.workers
+    # overload: 1.5x the policy's own sustainable peak rate, then 0.5 C
+    rate = 0.9 * c * sustainable
+    over = Schedule.steady(1.5 * rate, "poisson", seconds=setup.overload_s, seed=seed + 50).then(
+        Schedule.steady(0.5 * c, "poisson", seconds=setup.after_s, seed=seed + 51)
+    )
+    overload_parts = [Phase(setup.overload_s, 1.5 * 0.9 * sustainable, Segment(setup.overload_s, 1.5 * rate))]
+    overload_parts.append(Phase(1e9, 0.5, Segment(setup.after_s, 0.5 * c)))
+    sec = section if policy in ("static", "static-mean") else controller_section(setup, policy, c, overload_parts, rate)
+    trial = bench.run(sec, over, w)
+    during = trial["start"] < setup.overload_s
+    goodput = trial["good"][during].sum() / setup.overload_s / rate
+    back = recovery_s(trial, setup.overload_s, setup.overload_s + setup.after_s)
+    log(f"    overload: goodput {goodput:.2f} of {rate:.0f} req/s, recovery {back:.1f} s")
+    return float(goodput), back
 
 
 def cpu_pairs(bench: Bench, setup: Setup, c: float, seed: int, pairs: int, log: Any) -> dict[str, Any]:
@@ -519,7 +540,19 @@ def cpu_pairs(bench: Bench, setup: Setup, c: float, seed: int, pairs: int, log: 
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("policy", "attain %", "win %", "recov s", "scale", "ovl gp", "ovl rec s", "CPU-s/1k", "changes", "P99 ms")
+    head = (
+        "policy",
+        "attain %",
+        "win %",
+        "recov s",
+        "scale",
+        "ovl gp",
+        "ovl rec s",
+        "CPU-s/1k",
+        "changes",
+        "shed",
+        "P99 ms",
+    )
     lines = [" ".join(f"{h:>10}" for h in head)]
     for r in rows:
         values = (
@@ -532,6 +565,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['overload_recovery_s']:.1f}",
             f"{r['cpu_s_per_1000']:.2f}",
             str(r["knob_changes"]),
+            str(r["shed"]),
             f"{r['p99_ms']:.1f}",
         )
         lines.append(" ".join(f"{v:>10}" for v in values))
@@ -560,6 +594,14 @@ def main() -> None:
         "--hold-s", type=float, default=60.0, help="full runs: C must hold this long at a steady rate (0: no check)"
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--capacity", type=float, default=None, help="C in req/s, measured by an earlier run (skips measuring it)"
+    )
+    parser.add_argument(
+        "--scores",
+        default="moving,scale,overload",
+        help="which scores to measure (the others print as nan); overload needs scale",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--decisions", type=Path, default=None, help="write each run's decision log (JSONL) here")
     parser.add_argument(
@@ -590,6 +632,9 @@ def main() -> None:
     unknown = [p for p in policies if p not in ALL_POLICIES]
     if unknown:
         parser.error(f"--policies: unknown {unknown}; expected some of {', '.join(ALL_POLICIES)}")
+    scores = frozenset(args.scores.split(","))
+    if not scores <= SCORES or not scores or ("overload" in scores and "scale" not in scores):
+        parser.error(f"--scores: some of {', '.join(sorted(SCORES))}, and overload only with scale")
     started = time.monotonic()
 
     def log(text: str) -> None:
@@ -620,13 +665,15 @@ def main() -> None:
                 log(f"SLA P99 {setup.sla_ms:g} ms: {args.sla_x:g} x the batch-1 time ({floor:.1f} ms)")
             if 2 * floor > setup.sla_ms:
                 sys.exit(f"SLA {setup.sla_ms:g} ms: below twice the batch-1 time ({floor:.0f} ms) here")
-            c = capacity(bench, setup, log)
+            c = capacity(bench, setup, log) if args.capacity is None else args.capacity
+            if args.capacity is not None:
+                log(f"capacity C = {c:g} req/s (given)")
             # the policies take turns to go first from one seed to the next: a machine that drifts over the run's
             # minutes (CPU per request moved 10% between two policies with the same batches) favours none of them
             shift = (args.seed - 1) % max(1, len(policies))
             order = policies[shift:] + policies[:shift]
             log(f"order: {', '.join(order)}")
-            by_policy = {policy: score(bench, setup, policy, c, args.seed, log) for policy in order}
+            by_policy = {policy: score(bench, setup, policy, c, args.seed, log, scores) for policy in order}
             rows = [by_policy[policy] for policy in policies]
             pairs = cpu_pairs(bench, setup, c, args.seed, args.cpu_pairs, log) if args.cpu_pairs else None
     print()

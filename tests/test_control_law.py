@@ -131,6 +131,22 @@ def test_fit_with_one_batch_size_is_pessimistic() -> None:
     assert fit.predict(1) == pytest.approx(30.0)  # as much
 
 
+def test_a_fit_of_one_batch_size_follows_that_size_s_time_and_keeps_the_slope() -> None:
+    fit = ServiceFit()
+    for n in (1, 2, 1, 2, 1, 2):  # fitted while the workers were crowded: 40 + 20·n
+        fit.add(n, 40.0 + 20.0 * n)
+    assert fit.coefficients() == pytest.approx((40.0, 20.0))
+    for _ in range(600):  # then only batches of one, on workers that take 45 ms for them
+        fit.add(1, 45.0)
+    a, b = fit.coefficients() or (0.0, 0.0)
+    assert b == pytest.approx(20.0)  # the slope is not measured by batches of one size: the last one stands
+    assert fit.predict(1) == pytest.approx(45.0, abs=0.01)  # the level is: 60 ms before the line followed it
+    assert fit.spread_ms() < 0.5  # what is left of the old batches' weight (0.99 ** 600)
+    for _ in range(600):  # faster than the slope alone allows: a line through the origin
+        fit.add(1, 15.0)
+    assert fit.coefficients() == pytest.approx((0.0, 15.0), abs=0.2)  # the 45s weigh 0.99 ** 600 yet
+
+
 def test_rate_meter_follows_a_step_within_its_window() -> None:
     meter = RateMeter(bin_s=0.05, window_s=0.5)
     t = 100.0
