@@ -15,7 +15,7 @@ from servetune._exceptions import ApiError
 from servetune.api import rest
 from servetune.api.gateway import INFERENCE, OPEN, PROBE, Call, Caller, Gateway
 from servetune.api.openapi import inference_spec
-from servetune.api.rest import answer_response, header, json_response, read_body, request_headers, route
+from servetune.api.rest import answer_response, json_response, read_body, request_headers, route
 from servetune.api.types import Input
 from servetune.handlers.control import TORCHSERVE, Control
 
@@ -27,7 +27,7 @@ FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 async def parse_inputs(request: Request, body: bytes) -> list[Input]:
     """TorchServe's rule: form fields become one input each; any other body is the input ``body``."""
-    ctype = header(request, b"content-type")
+    ctype = request.headers.get("content-type")
     base = (ctype or "").split(";")[0].strip().lower()
     if base not in FORM_TYPES:
         return [Input("body", ctype, body)]
