@@ -228,6 +228,27 @@ def test_slo_policy_meets_a_step_at_once_and_steps_back_only_after_holding() -> 
     assert again is not None and again.knobs == high and again.reserve == 0
 
 
+def test_no_worker_is_held_in_reserve_while_the_law_s_batches_are_of_one() -> None:
+    # a model with no batching to speak of (2 + 50n ms) at 4x its batch of one: after the load falls the second
+    # worker waits out WORKERS_HOLD_S, collecting (before: in reserve after HOLD_S, where it made requests wait for
+    # no larger batch), and the workers go down to one after the hold
+    raw: dict[str, object] = {"slo": {"p99_ms": 195}, "bounds": {"batch_size": [1, 8], "workers": [1, 2]}}
+    fit = ServiceFit()
+    for i in range(60):
+        fit.add(1 + i % 2, 2.0 + 50.0 * (1 + i % 2))
+    policy = make_policy(parse_settings(raw), Knobs(1, 0.0, 2))
+    knobs, reserve, decisions = Knobs(1, 0.0, 2), 0, []
+    for tick in range(int((2.0 + WORKERS_HOLD_S + 1.0) / 0.1)):
+        now = tick * 0.1
+        decision = policy.decide(_view(now, 30.0 if now < 2.0 else 6.0, knobs, fit, raw, reserve=reserve))
+        if decision is not None:
+            decisions.append((round(now, 1), decision.knobs, decision.reserve))
+            knobs, reserve = decision.knobs, decision.reserve
+    assert all(r == 0 for _, _, r in decisions), decisions
+    assert knobs == Knobs(1, 0.0, 1)
+    assert len(decisions) == 1 and decisions[0][0] >= 2.0 + WORKERS_HOLD_S
+
+
 def test_a_rate_wobbling_about_the_line_between_two_counts_moves_no_worker_into_reserve() -> None:
     # a = 20, b = 5, SLA 200: one worker at cap 15 carries 0.8 x 15 / 95 ms = 126 req/s. The rate steps between 120
     # and 135 every 0.3 s for 30 s: the law asks for one worker and two by turns; 120 is within DEADBAND of the line,

@@ -23,10 +23,11 @@ later and the same load was late again.
 The workers past the law's count (the tail's, the held ones, those waiting out ``WORKERS_HOLD_S``) are held in
 reserve (``Decision.reserve``): each takes a batch only once its oldest request has waited longer than the law lets a
 request wait for a collecting worker (t(cap)/W; ``Controller.reserve_by``) and no other worker took it, and the cap
-is the law's for the workers that collect. A worker kept for the bursts then leaves the steady load's batches as
-large as the law's workers form them: a batch costs CPU of its own (a known-cost model's full run: 56,679 batches of
-2.67 requests against static's 48,139 of 3.14, 5% more CPU per good answer, with the tail's workers collecting like
-the others).
+is the law's for the workers that collect. None is held while the law's cap is the bounds' least batch: the batches
+are of that size with or without a worker held back, which would only make requests wait. A worker kept for the
+bursts then leaves the steady load's batches as large as the law's workers form them: a batch costs CPU of its
+own (a known-cost model's full run: 56,679 batches of 2.67 requests against static's 48,139 of 3.14, 5% more CPU
+per good answer, with the tail's workers collecting like the others).
 
 Before b is told, the workers are as many as a batch costing in proportion to its size needs (up only).
 
@@ -179,6 +180,11 @@ class SloPolicy:
         # the workers past the law's (the tail's, or held for WORKERS_HOLD_S) are held in reserve: they take a batch
         # only once its oldest request waited past the law's worst case, so the steady load keeps the law's batches
         reserve = workers - self._collecting(view, rate, cost, cautious, law.knobs.workers, workers)
+        if law.knobs.batch_size <= held.batch_bounds[0]:
+            # the law's batches are of the least size: a worker held back would keep no batch larger, and would
+            # only make requests wait (resnet18 at 4x its batch of one: a worker into or out of reserve 28 times
+            # in 7.5 minutes, at rates of 4-18 req/s, every batch of one either way)
+            reserve = 0
         if (workers, threads) != (want.workers, want.threads):  # workers or threads held: the cap those allow
             collecting = workers - reserve
             cap = batch_cap(cautious, budget, want.max_batch_delay_ms, held.batch_bounds, collecting)
