@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -35,6 +33,7 @@ from servetune.api.metrics import ApiMetrics
 from servetune.api.plan import VersionPlan
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef
 from servetune.archive import open_archive
+from servetune.archive.workdir import owned_workdir, remove_workdir
 from servetune.config.server import ServerConfig
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import apply_cpu, start_service
@@ -120,8 +119,9 @@ class ModelReplica:
     ) -> None:
         self.plan = plan
         self.stuck: str | None = None
-        workdir = Path(tempfile.mkdtemp(prefix="servetune-replica-"))
-        atexit.register(shutil.rmtree, workdir, True)
+        # Ray ends a replica's process without atexit at times: the next replica on the host removes what it left
+        workdir = owned_workdir("servetune-replica-")
+        atexit.register(remove_workdir, workdir)
         self.service = load(self.plan, workdir)
         self._streams: dict[str, Callable[[InferResult], None]] = {}  # request id -> its intermediate answers
         self.service.context.partial_sink = self._partial

@@ -20,6 +20,7 @@ from servetune.api.metrics import ApiMetrics, ModelGauges, WorkerMemoryGauges
 from servetune.api.plan import RegisterParams, VersionPlan, plan_version
 from servetune.api.types import InferRequest, InferResult, ModelMetadata, ModelRef, ModelStatus, Reconfigure
 from servetune.archive import open_archive
+from servetune.archive.workdir import owned_workdir, remove_workdir
 from servetune.config.server import ServerConfig
 from servetune.control.metrics import ControllerMetrics
 from servetune.hardware import detect_gpus
@@ -45,7 +46,7 @@ class NativeBackend:
         )
         self.metrics.register(WorkerMemoryGauges(self._worker_memory))
         self.metrics.register(ControllerMetrics(lambda: [m.controller for m in self.registry.all() if m.controller]))
-        self._workdir = Path(tempfile.mkdtemp(prefix="servetune-models-"))
+        self._workdir = owned_workdir("servetune-models-")  # first removing those of servers that were killed
         self._extracted: dict[str, Path] = {}  # model dir -> the extraction directory to delete with it
 
     def _worker_memory(self) -> list[tuple[str, str, str, int, int | None]]:
@@ -166,7 +167,7 @@ class NativeBackend:
         models = self.registry.all()
         await asyncio.gather(*(m.close(grace_s) for m in models), return_exceptions=True)
         self.registry = ModelRegistry()
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        remove_workdir(self._workdir)
 
     async def _forget(self, model_dir: str) -> None:
         """Delete a version's extracted files, on a thread: a model's files can be gigabytes."""
