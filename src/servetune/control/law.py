@@ -8,6 +8,7 @@ worker, its threads), the arrival rate λ, the SLA's latency L and the knobs' bo
    batching pays (:func:`useful_cap`): when batches of n_cap carry under ``GAIN_FLOOR`` more per second than
    batches of the bounds' least (a batch that costs in proportion to its size, as a CNN on a CPU core), the cap is
    the batch the load needs and no larger: a larger batch would only make its first requests wait for the last.
+   Batching already on stays on down to ``GAIN_KEPT`` (the policy passes the floor: a deadband).
 2. **Workers** W: the fewest within bounds whose capacity at their cap keeps each worker busy at most ρ = 0.8 of the
    time: ``W·n_cap(W) / t(n_cap(W)) >= λ / ρ``, each W at its own cap (more workers wait less for one to free, so
    their cap is larger).
@@ -45,6 +46,7 @@ RHO = 0.8  # the busy share per worker the law keeps under: headroom for bursts 
 SLACK_MS = 2.0  # the host's scheduling and the frontend's own time, per request
 EXTRAPOLATE = 2  # the cap stays within this many times the largest batch measured, until larger ones are seen
 GAIN_FLOOR = 0.10  # batches that carry less than this much more per second than the smallest are not worth the wait
+GAIN_KEPT = 0.05  # ... once batching is on, it stays on down to this: a gain fitted near the floor must not flip it
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,14 @@ def batching_gain(cost: Cost, n: int, low: int = 1) -> float:
     return (n / t_n) / (low / t_low) - 1.0
 
 
-def useful_cap(cost: Cost, n_cap: int, needed: int | None, low: int) -> int:
+def useful_cap(cost: Cost, n_cap: int, needed: int | None, low: int, floor: float = GAIN_FLOOR) -> int:
     """``n_cap``, unless batches of it carry under ``GAIN_FLOOR`` more per second than batches of ``low`` (the
     bounds' least): then the batch the load needs (``needed``), ``low`` when none up to the cap is enough. Batching
     that buys no capacity buys only latency: a batch of two of a model whose batch costs twice a batch of one makes
     the first request wait for the second and serves the second no sooner (resnet18 on a CPU core: t(n) = 1.6 +
-    42.5n ms, 1.8% more per second in pairs, and a pair's worst case 64 ms longer)."""
-    if n_cap <= low or batching_gain(cost, n_cap, low) >= GAIN_FLOOR:
+    42.5n ms, 1.8% more per second in pairs, and a pair's worst case 64 ms longer). ``floor``: ``GAIN_KEPT`` where
+    batching is on already (the policy's hysteresis)."""
+    if n_cap <= low or batching_gain(cost, n_cap, low) >= floor:
         return n_cap
     if needed is None or needed > n_cap:
         return low
@@ -147,10 +150,12 @@ def decide(
     delay_bounds: tuple[int, int],
     worker_bounds: tuple[int, int],
     cap_cost: Cost | None = None,
+    gain_floor: float = GAIN_FLOOR,
 ) -> LawResult:
     """The law's knobs for this cost, rate and SLA (see the module). ``worker_bounds`` = (W, W) holds workers.
     ``cap_cost`` (the fit's cautious cost; default ``cost``) sizes the cap and its worst case: the cap bounds the
-    worst latency, so it takes the pessimistic line, while the workers and the batch the load needs take the fit."""
+    worst latency, so it takes the pessimistic line, while the workers and the batch the load needs take the fit.
+    ``gain_floor``: what batching must gain to be worth it (:func:`useful_cap`)."""
     capped = cap_cost or cost
     budget = target_ms - margin_ms - SLACK_MS
     delay = float(delay_bounds[0])
@@ -159,7 +164,7 @@ def decide(
     workers = worker_bounds[1]
     for w in range(worker_bounds[0], worker_bounds[1] + 1):
         n = useful_cap(cost, batch_cap(capped, budget, delay, batch_bounds, w), batch_needed(cost, rate, w),
-                       batch_bounds[0])  # fmt: skip
+                       batch_bounds[0], gain_floor)  # fmt: skip
         if w * n / cost.t(n) * 1000.0 * RHO >= rate - 1e-9:
             workers = w
             break
@@ -167,7 +172,7 @@ def decide(
     # 3. the delay: its lower bound; the batch the load needs tells whether these knobs hold the load at all
     needed = batch_needed(cost, rate, workers)
     feasible = needed is not None and needed <= n_fits
-    n_cap = useful_cap(cost, n_fits, needed, batch_bounds[0])
+    n_cap = useful_cap(cost, n_fits, needed, batch_bounds[0], gain_floor)
     n_need = min(needed, n_cap) if needed is not None else n_cap
     utilization = rate / workers / 1000.0 * cost.t(n_need) / n_need
     worst = delay + wait_factor(workers) * capped.t(n_cap)
@@ -202,6 +207,7 @@ def decide_threads(
     delay_bounds: tuple[int, int],
     worker_bounds: tuple[int, int],
     cores: int,
+    gain_floor: float = GAIN_FLOOR,
 ) -> LawResult:
     """The law over thread counts too (the module's point 4): ``costs`` maps each thread count to consider to what is
     known of it; at most ``cores // k`` workers at k threads (never under ``worker_bounds``' low end, which the
@@ -218,7 +224,7 @@ def decide_threads(
         high = max(worker_bounds[0], min(worker_bounds[1], cores // k))
         law = decide(
             known.cost, rate, target_ms, margin_ms, known.batch_bounds, delay_bounds, (worker_bounds[0], high),
-            known.cautious,
+            known.cautious, gain_floor,
         )  # fmt: skip
         knobs = Knobs(law.knobs.batch_size, law.knobs.max_batch_delay_ms, law.knobs.workers, k)
         law = replace(law, knobs=knobs)
@@ -273,6 +279,7 @@ __all__ = [
     "Cost",
     "LawResult",
     "GAIN_FLOOR",
+    "GAIN_KEPT",
     "batch_cap",
     "batch_needed",
     "batching_gain",

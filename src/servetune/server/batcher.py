@@ -70,8 +70,9 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._collecting = asyncio.Lock()
         self._reserve_wake = asyncio.Event()  # an arrival that makes a batch due sooner, or a change of the reserve
-        self._reserve_waiting = 0
-        self._reserve_until = math.inf  # when the workers waiting in reserve look next (inf: only when woken)
+        # when each worker waiting in reserve looks next (inf: only when woken); kept only while it waits: a look
+        # that has passed must not stand for the next (an arrival due sooner than it would wake nobody)
+        self._reserve_looks: list[float] = []
         self.dropped_disconnected = 0
         # A controller's (``servetune.control``): given the first request's arrival and the requests queued, the
         # latest time the batch may go for its oldest request to make its deadline; None: the delay alone decides.
@@ -91,7 +92,6 @@ class Batcher:
 
     def wake_reserve(self) -> None:
         """Which workers are held in reserve changed (or what is due when): those waiting as reserve look again."""
-        self._reserve_until = math.inf
         self._reserve_wake.set()
 
     def __len__(self) -> int:
@@ -107,10 +107,11 @@ class Batcher:
         self._queue.append(job)
         self._expire_at_deadline(job)
         self._arrived.set()
-        if self._reserve_waiting:  # a larger batch takes longer: its oldest request may have to go sooner
+        looks = self._reserve_looks
+        if looks:  # a larger batch takes longer: its oldest request may have to go sooner
             head = self._queue[0]
             by = self.reserve_by or self.dispatch_by
-            if head.solo or by is None or by(head.arrival, len(self._queue)) < self._reserve_until:
+            if head.solo or by is None or by(head.arrival, len(self._queue)) < min(looks):
                 self.wake_reserve()  # only when due sooner than they will look: not at every arrival
 
     def put_front(self, jobs: list[Job]) -> None:
@@ -233,12 +234,11 @@ class Batcher:
                     continue
                 timeout = due if math.isfinite(due) else None
             self._reserve_wake.clear()
-            self._reserve_waiting += 1
-            self._reserve_until = min(self._reserve_until, until)  # the soonest any waiting worker looks
+            self._reserve_looks.append(until)
             try:
                 await asyncio.wait_for(self._reserve_wake.wait(), timeout)
             except TimeoutError:
                 pass
             finally:
-                self._reserve_waiting -= 1
+                self._reserve_looks.remove(until)
         return []
