@@ -51,6 +51,7 @@ from servetune.control.law import (
     ThreadCost,
     batch_cap,
     batch_needed,
+    batching_gain,
     decide,
     decide_threads,
     measured_bounds,
@@ -190,10 +191,13 @@ class SloPolicy:
         # the workers past the law's (the tail's, or held for WORKERS_HOLD_S) are held in reserve: they take a batch
         # only once its oldest request waited past the law's worst case, so the steady load keeps the law's batches
         reserve = workers - self._collecting(view, rate, cost, cautious, law.knobs.workers, workers)
-        if law.knobs.batch_size <= held.batch_bounds[0]:
-            # the law's batches are of the least size: a worker held back would keep no batch larger, and would
-            # only make requests wait (resnet18 at 4x its batch of one: a worker into or out of reserve 28 times
-            # in 7.5 minutes, at rates of 4-18 req/s, every batch of one either way)
+        low = held.batch_bounds[0]
+        if law.knobs.batch_size <= low or batching_gain(held.cost, law.knobs.batch_size, low) < GAIN_FLOOR:
+            # the law's batches are of the least size, or larger ones carry under GAIN_FLOOR more: a worker held
+            # back would keep no batch larger (or none worth it), and would only make requests wait, t(cap)/W
+            # (resnet18 at 4x its batch of one: a worker into or out of reserve 28 times in 7.5 minutes, at rates of
+            # 4-18 req/s, every batch of one either way; then, its cap kept at 2 by GAIN_KEPT, 10 times in the last
+            # 130 s of the trace, each request behind a busy worker waiting up to a pair's 95 ms)
             reserve = 0
         if (workers, threads) != (want.workers, want.threads):  # workers or threads held: the cap those allow
             collecting = workers - reserve
