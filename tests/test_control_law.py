@@ -267,6 +267,22 @@ def test_the_workers_15_percent_more_load_would_need_start_now_in_reserve() -> N
     )
 
 
+def _after_the_load_falls(
+    raw: dict[str, object], start: Knobs, fit: ServiceFit
+) -> tuple[Knobs, list[tuple[float, Knobs, int]]]:
+    """The policy's decisions, tick by tick, at 30 req/s for 2 s and then 6 req/s until the workers' hold has run
+    out: the knobs at the end and each decision (time, knobs, reserve)."""
+    policy = make_policy(parse_settings(raw), start)
+    knobs, reserve, decisions = start, 0, []
+    for tick in range(int((2.0 + WORKERS_HOLD_S + 1.0) / 0.1)):
+        now = tick * 0.1
+        decision = policy.decide(_view(now, 30.0 if now < 2.0 else 6.0, knobs, fit, raw, reserve=reserve))
+        if decision is not None:
+            decisions.append((round(now, 1), decision.knobs, decision.reserve))
+            knobs, reserve = decision.knobs, decision.reserve
+    return knobs, decisions
+
+
 def test_no_worker_is_held_in_reserve_while_the_law_s_batches_are_of_one() -> None:
     # a model with no batching to speak of (2 + 50n ms) at 4x its batch of one: after the load falls the second
     # worker waits out WORKERS_HOLD_S, collecting (before: in reserve after HOLD_S, where it made requests wait for
@@ -275,14 +291,7 @@ def test_no_worker_is_held_in_reserve_while_the_law_s_batches_are_of_one() -> No
     fit = ServiceFit()
     for i in range(60):
         fit.add(1 + i % 2, 2.0 + 50.0 * (1 + i % 2))
-    policy = make_policy(parse_settings(raw), Knobs(1, 0.0, 2))
-    knobs, reserve, decisions = Knobs(1, 0.0, 2), 0, []
-    for tick in range(int((2.0 + WORKERS_HOLD_S + 1.0) / 0.1)):
-        now = tick * 0.1
-        decision = policy.decide(_view(now, 30.0 if now < 2.0 else 6.0, knobs, fit, raw, reserve=reserve))
-        if decision is not None:
-            decisions.append((round(now, 1), decision.knobs, decision.reserve))
-            knobs, reserve = decision.knobs, decision.reserve
+    knobs, decisions = _after_the_load_falls(raw, Knobs(1, 0.0, 2), fit)
     assert all(r == 0 for _, _, r in decisions), decisions
     assert knobs == Knobs(1, 0.0, 1)
     assert len(decisions) == 1 and decisions[0][0] >= 2.0 + WORKERS_HOLD_S
@@ -326,14 +335,7 @@ def test_no_worker_is_held_in_reserve_while_the_law_s_batches_carry_little_more(
     raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 8], "workers": [1, 2]}}
     fit = _linear_fit(5.6, 45.0)
     assert 0.05 < batching_gain(Cost(*fit.coefficients() or (0, 0)), 2) < 0.10
-    policy = make_policy(parse_settings(raw), Knobs(2, 0.0, 2))
-    knobs, reserve, decisions = Knobs(2, 0.0, 2), 0, []
-    for tick in range(int((2.0 + WORKERS_HOLD_S + 1.0) / 0.1)):
-        now = tick * 0.1
-        decision = policy.decide(_view(now, 30.0 if now < 2.0 else 6.0, knobs, fit, raw, reserve=reserve))
-        if decision is not None:
-            decisions.append((round(now, 1), decision.knobs, decision.reserve))
-            knobs, reserve = decision.knobs, decision.reserve
+    knobs, decisions = _after_the_load_falls(raw, Knobs(2, 0.0, 2), fit)
     assert all(r == 0 for _, _, r in decisions), decisions
     assert knobs.workers == 1 and decisions[-1][0] >= 2.0 + WORKERS_HOLD_S
 
