@@ -18,15 +18,15 @@ from servetune.archive.workdir import LOCK_NAME, owned_workdir, remove_workdir
 
 # a process that makes a working directory under argv[1], prints it, (forks a child that sleeps, with "fork"), and
 # sleeps until killed
-_OWNER = """
+_OWNER = r"""
 import os, sys, time
 from servetune.archive.workdir import owned_workdir
 path = owned_workdir("st-test-", sys.argv[1])
 if sys.argv[2] == "fork" and os.fork() == 0:
-    print(os.getpid(), flush=True)
+    os.write(1, b"%d\n" % os.getpid())  # one write each, whole lines: the two processes share the pipe
     time.sleep(600)
     os._exit(0)
-print(path, flush=True)
+os.write(1, b"%s\n" % os.fsencode(path))
 if sys.argv[2] == "fork":
     os._exit(0)  # the maker ends at once; its forked child holds the lock on
 time.sleep(600)
