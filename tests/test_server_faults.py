@@ -106,6 +106,33 @@ def test_handler_exit_and_response_timeout(tmp_path: Path, start_server) -> None
     assert third != second and call("POST", url, b"ok").status == 200
 
 
+def test_a_light_models_batches_sent_together_each_answered_once_when_its_worker_dies_among_them(
+    tmp_path: Path,
+    start_server,  # type: ignore[no-untyped-def]
+) -> None:
+    """A no-op-like model (batch 1): the batches already queued go to its worker in one write. A burst with
+    requests that kill the worker: those get 503, every other its own answer, and none runs twice (the batches
+    sent after the one that died had not started: they are queued again for the next worker)."""
+    store, record = tmp_path / "store", tmp_path / "ran.txt"
+    sleep_archive(store, batch_ms=0, model_config={"sleep": {"record": str(record)}})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    url = f"{server.inference_url}/predictions/sleep"
+    for _ in range(10):  # the handler's time known: a light model's
+        assert call("POST", url, b"warm").status == 200
+    bodies = [b"b%d" % i for i in range(64)]
+    for at in (50, 30, 10):  # three deaths: the batches sent with each depend on timing, so more than one chance
+        bodies.insert(at, b"exit")
+    replies = burst("POST", url, bodies)
+    died = [r for b, r in zip(bodies, replies, strict=True) if b == b"exit"]
+    by_body = {b: r for b, r in zip(bodies, replies, strict=True) if b != b"exit"}
+    assert all(r.status == 503 and "Worker died" in r.json()["message"] for r in died)
+    assert all(r.status == 200 and r.json()["echo"] == b.decode() for b, r in by_body.items()), [
+        (b, r.status) for b, r in by_body.items() if r.status != 200
+    ]
+    ran = [line for line in record.read_text().splitlines() if line.startswith("b")]
+    assert sorted(ran) == sorted(b.decode() for b in by_body)  # each ran once: none lost, none twice
+
+
 def test_one_failing_item_does_not_fail_its_batch(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "store"
     sleep_archive(store, batch_ms=0, model_config={"batchSize": 4, "maxBatchDelay": 300})

@@ -18,7 +18,7 @@ import pytest
 import uvloop
 
 from procfs import anonymous_memory
-from servetune._exceptions import ParentUnavailable, WorkerLoadError
+from servetune._exceptions import ParentUnavailable, WorkerDied, WorkerLoadError
 from servetune.api.types import InferRequest, Input
 from servetune.handlers.spec import WorkerSpec
 from servetune.server.messages import Predict
@@ -104,6 +104,48 @@ def test_a_worker_starts_without_forking_the_frontend_takes_a_large_spec_and_its
     [answer] = result.answers
     assert answer.status == 200 and b'"blob_len": %d' % len(blob) in answer.body and str(pid).encode() in answer.body
     assert (alive, exit_description) == (False, "killed by SIGKILL")
+
+
+ECHO = textwrap.dedent(
+    """
+    import os
+
+    def handle(data, context):
+        if data is None:
+            return None
+        body = bytes(data[0]["body"])
+        if body == b"die":
+            os._exit(3)
+        return [body]
+    """
+)
+
+
+def one(body: bytes) -> Predict:
+    return Predict([InferRequest(body.decode(), {}, [Input("body", None, body)], 0.0)], 1, 0, ())
+
+
+def test_batches_sent_in_one_write_are_answered_in_order_and_a_death_fails_those_still_waiting(
+    tmp_path: Path,
+) -> None:
+    async def main() -> tuple[list[bytes], bytes, list[str]]:
+        worker = WorkerProcess("9000", spec(tmp_path / "m", ECHO), dict(os.environ))
+        await worker.start(120.0)
+        sent = await worker.send([one(b"a%d" % i) for i in range(8)])
+        answers = [(await worker.result(p, 60.0)).answers[0].body for p in sent]
+        sent = await worker.send([one(b"ok"), one(b"die"), one(b"never")])
+        first = (await worker.result(sent[0], 60.0)).answers[0].body
+        failed = []
+        for pending in sent[1:]:
+            with pytest.raises(WorkerDied) as info:
+                await worker.result(pending, 60.0)
+            failed.append(str(info.value))
+        await worker.wait_reaped(10.0)
+        return answers, first, failed
+
+    answers, first, failed = run_on_uvloop(main)
+    assert answers == [b"a%d" % i for i in range(8)] and first == b"ok"
+    assert len(failed) == 2 and all("died" in f for f in failed)
 
 
 @pytest.mark.parametrize("started", ["spawned", "forked"])

@@ -151,6 +151,34 @@ def test_batcher_collects_up_to_batch_size_within_delay() -> None:
     asyncio.run(main())
 
 
+def test_batcher_gives_batches_already_due_only_when_no_worker_waits_to_collect() -> None:
+    """``take_ready`` (a light model's worker takes several batches at once): a full batch, or one whose oldest
+    request waited past the delay; nothing while another worker collects, nothing under a controller's deadlines."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        batcher = Batcher(batch_size=2, max_delay_s=0.05, capacity=10)
+        for i in range(5):
+            batcher.put(_job(loop, str(i)))
+        assert [j.request.request_id for j in batcher.take_ready()] == ["0", "1"]
+        assert [j.request.request_id for j in batcher.take_ready()] == ["2", "3"]
+        assert batcher.take_ready() == []  # one request left, within its delay
+        await asyncio.sleep(0.06)
+        assert [j.request.request_id for j in batcher.take_ready()] == ["4"]
+
+        for i in range(4):
+            batcher.put(_job(loop, f"c{i}"))
+        batcher.dispatch_by = lambda first, queued: first + 1.0
+        assert batcher.take_ready() == []  # a controller decides when batches go
+        batcher.dispatch_by = None
+
+        async with batcher._collecting:  # another worker waits to collect: the queue is its
+            assert batcher.take_ready() == []
+        assert [j.request.request_id for j in batcher.take_ready()] == ["c0", "c1"]
+
+    asyncio.run(main())
+
+
 def test_batcher_is_bounded_and_skips_abandoned_jobs() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()

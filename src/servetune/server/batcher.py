@@ -181,6 +181,23 @@ class Batcher:
             batch.append(job)
         return batch
 
+    def take_ready(self) -> list[Job]:
+        """The next batch if one is due now and no worker waits to collect it: full (``batch_size`` jobs queued) or
+        its oldest job past the delay; else []. For a worker that can take more than one batch at once (light
+        models, ``WorkerPool``): never with a controller's deadlines, a solo job at the head, or an idle worker."""
+        if self.dispatch_by is not None or self._collecting.locked():
+            return []
+        self._prune()
+        queue = self._queue
+        if not queue or queue[0].solo:
+            return []
+        if len(queue) < self.batch_size and time.monotonic() < queue[0].arrival + self.max_delay_s:
+            return []
+        batch = self._take()
+        if batch:
+            self.last_reason = "full" if len(batch) == self.batch_size else "delay"
+        return batch
+
     async def next_batch(self, reserve: Callable[[], bool] | None = None) -> list[Job]:
         """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost. ``reserve``: while
         it returns True (and a controller gives deadlines), the caller is a worker held in reserve (see the module)."""

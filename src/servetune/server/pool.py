@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from servetune._exceptions import ApiError, ParentUnavailable, WorkerDied, WorkerError, WorkerTimeout
 from servetune.api.types import InferResult, WorkerStatus
 from servetune.server.batcher import Job
-from servetune.server.messages import Partial, Predict
+from servetune.server.messages import Partial, Predict, Result
 from servetune.server.parent import Forking
 from servetune.server.process import WorkerProcess
 
@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("servetune.pool")
 
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+# A light model (its batches' handler time, averaged, under LIGHT_MS) gets the batches already due sent to its worker
+# together, up to MAX_SENT_AT_ONCE in one write: for a no-op, the frontend's cost of a batch's round trip (~100 µs) is
+# most of a request's (benchmarks/noop_latency.py).
+LIGHT_MS = 1.0
+MAX_SENT_AT_ONCE = 8
+HANDLER_EWMA = 0.2
 HEALTHY_AFTER_S = 60.0  # a worker that ran this long resets its slot's crash count
 FIRST_WORKER_ID = 9000  # TorchServe numbers its workers from 9000
 
@@ -71,6 +77,7 @@ class WorkerPool:
         scales = control is not None and control.workers is not None and control.workers[0] < control.workers[1]
         self.forking = Forking(model.name, model.plan.worker_preload, model.model_dir, model.plan.manifest, scales)
         self.closed = False
+        self.handler_ms = math.inf  # the handler's time per batch, a moving average (light models: _dispatch)
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -114,15 +121,29 @@ class WorkerPool:
 
     # ---- running batches ---------------------------------------------------------------------
 
-    async def _dispatch(self, slot: WorkerSlot, worker: WorkerProcess, batch: list[Job]) -> None:
+    def _cpu(self, slot: WorkerSlot) -> tuple[int, int, int, tuple[int, ...]]:
+        """(placement generation, position, threads, cores) for the slot's next batch, asked anew only when the
+        placement or the slot's position changed."""
         model = self.model
-        started = time.monotonic()
-        for job in batch:
-            job.attempts += 1
         cpu, position, generation = slot.cpu, self.position(slot), model.placement.generation
         if cpu is None or cpu[0] != generation or cpu[1] != position:
             placement, key = model.placement, model.key
             cpu = slot.cpu = (generation, position, placement.threads(key), placement.cores(key, position))
+        return cpu
+
+    async def _dispatch(self, slot: WorkerSlot, worker: WorkerProcess, batch: list[Job]) -> None:
+        model = self.model
+        if self.handler_ms < LIGHT_MS and model.controller is None and not batch[0].solo:
+            more: list[list[Job]] = []
+            while len(more) < MAX_SENT_AT_ONCE - 1 and (ready := model.batcher.take_ready()):
+                more.append(ready)
+            if more:
+                await self._dispatch_several(slot, worker, [batch, *more])
+                return
+        started = time.monotonic()
+        for job in batch:
+            job.attempts += 1
+        cpu = self._cpu(slot)
         predict = Predict([j.request for j in batch], model.plan.config.batch_size, cpu[2], cpu[3])
         worker.on_partial = self._partials(batch, worker.worker_id)
         controller = model.controller
@@ -147,6 +168,53 @@ class WorkerPool:
             worker.on_partial = None
             if controller is not None:  # a failed batch teaches the fit nothing (NaN), but is counted
                 controller.finished(worker.worker_id, len(batch), reason, oldest_ms, predicted_ms, actual_ms)
+        self._deliver(batch, result, started, worker)
+
+    async def _dispatch_several(self, slot: WorkerSlot, worker: WorkerProcess, batches: list[list[Job]]) -> None:
+        """Batches of a light model that were all due, sent to the worker in one write; each answered as its result
+        comes (the worker runs them in turn). When the worker times out or dies on one, that batch fails as a single
+        batch would, and the batches after it, which it had not started, go back to the head of the queue."""
+        model = self.model
+        started = time.monotonic()
+        jobs = [job for batch in batches for job in batch]
+        for job in jobs:
+            job.attempts += 1
+        cpu = self._cpu(slot)
+        size, timeout = model.plan.config.batch_size, float(model.plan.response_timeout_s)
+        worker.on_partial = self._partials(jobs, worker.worker_id)
+        done = 0
+        try:
+            sent = await worker.send([Predict([j.request for j in b], size, cpu[2], cpu[3]) for b in batches])
+            for batch, pending in zip(batches, sent, strict=True):
+                try:
+                    result = await worker.result(pending, timeout)
+                except WorkerTimeout as exc:
+                    log.error("model %s: %s; replacing the worker", model.name, exc)
+                    worker.kill()
+                    self._fail(batch, ApiError.timeout(str(exc)))
+                    done += 1
+                    raise
+                except WorkerDied as exc:
+                    self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
+                    done += 1
+                    raise
+                self._deliver(batch, result, started, worker)
+                done += 1
+        finally:
+            worker.on_partial = None
+            unstarted = [job for batch in batches[done:] for job in batch if not job.future.done()]
+            if unstarted:
+                for job in unstarted:
+                    job.attempts -= 1
+                model.batcher.put_front(unstarted)
+
+    def _deliver(self, batch: list[Job], result: Result, started: float, worker: WorkerProcess) -> None:
+        """Each request of the batch its answer (one per request, else every request fails)."""
+        model = self.model
+        if math.isfinite(self.handler_ms):
+            self.handler_ms += HANDLER_EWMA * (result.handler_ms - self.handler_ms)
+        else:  # the first batch
+            self.handler_ms = result.handler_ms
         if len(result.answers) != len(batch):
             message = (
                 f"worker {worker.worker_id} answered {len(result.answers)} results for a batch of {len(batch)} "

@@ -10,6 +10,7 @@ exit is watched through a pidfd (a thread where there is none).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
@@ -97,7 +98,8 @@ class _Forked:
 
 
 class WorkerProcess:
-    """A worker process. One batch at a time; the caller serialises ``run`` calls."""
+    """A worker process. It runs the batches sent to it one after another and answers them in that order: the caller
+    serialises ``run`` calls, or sends several batches at once (``send``) and waits for each (``result``)."""
 
     def __init__(
         self, worker_id: str, spec: WorkerSpec, env: dict[str, str], parent: ModelParent | None = None
@@ -117,7 +119,7 @@ class WorkerProcess:
         self._proc: _Spawned | _Forked | None = None
         self._reaped = asyncio.Event()  # the process has exited and its exit code is known (or never will be)
         self._channel: FrameProtocol | None = None  # its socket: frames are read as they arrive (_frame, _lost)
-        self._pending: asyncio.Future[Message] | None = None
+        self._pending: collections.deque[asyncio.Future[Message]] = collections.deque()  # sent batches, in order
         self._ready: asyncio.Future[Message] | None = None
         self.on_partial: Callable[[Partial], None] | None = None  # set by the pool while a batch runs
         self.exited = asyncio.Event()
@@ -216,9 +218,12 @@ class WorkerProcess:
             if self.on_partial is not None:
                 self.on_partial(message)
             return
-        target = self._ready if self._ready is not None and not self._ready.done() else self._pending
-        if target is not None and not target.done():
-            target.set_result(message)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(message)
+        elif self._pending:  # the oldest batch sent: the worker answers them in order
+            target = self._pending.popleft()
+            if not target.done():  # a waiter gone (timed out, cancelled) still took its place in the order
+                target.set_result(message)
 
     def _lost(self, error: BaseException | None) -> None:
         """The socket closed (the process is gone or going, or sent a malformed frame): fail whoever waits, report
@@ -227,9 +232,10 @@ class WorkerProcess:
             died = WorkerDied(f"worker {self.worker_id} sent a malformed frame: {error}")
         else:
             died = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
-        for fut in (self._ready, self._pending):
+        for fut in (self._ready, *self._pending):
             if fut is not None and not fut.done():
                 fut.set_exception(died)
+        self._pending.clear()
         self.exited.set()
         if self.on_exit is not None:
             self.on_exit()
@@ -238,23 +244,32 @@ class WorkerProcess:
 
     async def run(self, batch: Predict, timeout: float) -> Result:
         """Send one batch and wait for its result."""
+        (pending,) = await self.send([batch])
+        return await self.result(pending, timeout)
+
+    async def send(self, batches: list[Predict]) -> list[asyncio.Future[Message]]:
+        """Send ``batches`` in one write; a future per batch, answered in order as the worker finishes each."""
         channel = self._channel
         if not self.alive or channel is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
         loop = asyncio.get_running_loop()
-        pending = self._pending = loop.create_future()
+        sent = [loop.create_future() for _ in batches]
         try:
-            channel.send(batch.encode())
+            channel.send(batches[0].encode() if len(batches) == 1 else b"".join(b.encode() for b in batches))
+            self._pending.extend(sent)
             await channel.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
+        return sent
+
+    async def result(self, pending: asyncio.Future[Message], timeout: float) -> Result:
+        """Wait for a sent batch's result, at most ``timeout`` seconds from now."""
         # One timer per batch rather than wait_for(shield(...)), which makes two tasks and a future per batch.
-        timer = loop.call_later(timeout, self._overran, pending, timeout)
+        timer = asyncio.get_running_loop().call_later(timeout, self._overran, pending, timeout)
         try:
             message = await pending
         finally:
             timer.cancel()
-            self._pending = None
         if not isinstance(message, Result):
             raise WorkerDied(f"worker {self.worker_id} answered a batch with {type(message).__name__}")
         self.gpu_memory_bytes = message.gpu_memory_bytes
