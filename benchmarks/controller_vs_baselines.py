@@ -55,6 +55,7 @@ import http.client
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import textwrap
@@ -611,6 +612,7 @@ def main() -> None:
         help="then the moving trace this many times each for controller and static, in ABBA order: CPU ratios",
     )
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server under test too (its `with`)
     quick = args.quick
     setup = Setup(
         cost=Cost(args.a_ms, args.b_ms),
