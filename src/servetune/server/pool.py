@@ -173,7 +173,8 @@ class WorkerPool:
     async def _dispatch_several(self, slot: WorkerSlot, worker: WorkerProcess, batches: list[list[Job]]) -> None:
         """Batches of a light model that were all due, sent to the worker in one write; each answered as its result
         comes (the worker runs them in turn). When the worker times out or dies on one, that batch fails as a single
-        batch would, and the batches after it, which it had not started, go back to the head of the queue."""
+        batch would, and the batches after it, which it had not started, go back to the head of the queue (all of
+        them when the write itself failed: none reached the worker)."""
         model = self.model
         started = time.monotonic()
         jobs = [job for batch in batches for job in batch]

@@ -256,10 +256,13 @@ class WorkerProcess:
         sent = [loop.create_future() for _ in batches]
         try:
             channel.send(batches[0].encode() if len(batches) == 1 else b"".join(b.encode() for b in batches))
-            self._pending.extend(sent)
-            await channel.drain()
-        except (ConnectionError, RuntimeError) as exc:
+        except (ConnectionError, RuntimeError) as exc:  # nothing was written: none of them reached the worker
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
+        self._pending.extend(sent)
+        # Gone while the write drained: the worker may have run some of them, and the loss answered the rest
+        # (WorkerDied, ``_lost``); each future says which.
+        with contextlib.suppress(ConnectionError):
+            await channel.drain()
         return sent
 
     async def result(self, pending: asyncio.Future[Message], timeout: float) -> Result:
