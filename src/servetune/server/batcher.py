@@ -193,10 +193,7 @@ class Batcher:
             return []
         if len(queue) < self.batch_size and time.monotonic() < queue[0].arrival + self.max_delay_s:
             return []
-        batch = self._take()
-        if batch:
-            self.last_reason = "full" if len(batch) == self.batch_size else "delay"
-        return batch
+        return self._take()  # (``last_reason`` is a controller's, and there is none here)
 
     async def next_batch(self, reserve: Callable[[], bool] | None = None) -> list[Job]:
         """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost. ``reserve``: while

@@ -156,13 +156,8 @@ class WorkerPool:
         try:
             result = await worker.run(predict, float(model.plan.response_timeout_s))
             actual_ms = (time.monotonic() - started) * 1000.0
-        except WorkerTimeout as exc:
-            log.error("model %s: %s; replacing the worker", model.name, exc)
-            worker.kill()
-            self._fail(batch, ApiError.timeout(str(exc)))
-            raise
-        except WorkerDied as exc:
-            self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
+        except (WorkerTimeout, WorkerDied) as exc:
+            self._batch_failed(batch, worker, exc)
             raise
         finally:
             worker.on_partial = None
@@ -183,24 +178,17 @@ class WorkerPool:
         cpu = self._cpu(slot)
         size, timeout = model.plan.config.batch_size, float(model.plan.response_timeout_s)
         worker.on_partial = self._partials(jobs, worker.worker_id)
-        done = 0
+        done = 0  # batches answered or failed; those after them go back to the queue
         try:
             sent = await worker.send([Predict([j.request for j in b], size, cpu[2], cpu[3]) for b in batches])
             for batch, pending in zip(batches, sent, strict=True):
+                done += 1  # answered or failed below, not queued again
                 try:
                     result = await worker.result(pending, timeout)
-                except WorkerTimeout as exc:
-                    log.error("model %s: %s; replacing the worker", model.name, exc)
-                    worker.kill()
-                    self._fail(batch, ApiError.timeout(str(exc)))
-                    done += 1
-                    raise
-                except WorkerDied as exc:
-                    self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
-                    done += 1
+                except (WorkerTimeout, WorkerDied) as exc:
+                    self._batch_failed(batch, worker, exc)
                     raise
                 self._deliver(batch, result, started, worker)
-                done += 1
         finally:
             worker.on_partial = None
             unstarted = [job for batch in batches[done:] for job in batch if not job.future.done()]
@@ -208,6 +196,15 @@ class WorkerPool:
                 for job in unstarted:
                     job.attempts -= 1
                 model.batcher.put_front(unstarted)
+
+    def _batch_failed(self, batch: list[Job], worker: WorkerProcess, exc: WorkerTimeout | WorkerDied) -> None:
+        """The worker timed out on the batch (it is killed: 504 to each request) or died running it (503)."""
+        if isinstance(exc, WorkerTimeout):
+            log.error("model %s: %s; replacing the worker", self.model.name, exc)
+            worker.kill()
+            self._fail(batch, ApiError.timeout(str(exc)))
+        else:
+            self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
 
     def _deliver(self, batch: list[Job], result: Result, started: float, worker: WorkerProcess) -> None:
         """Each request of the batch its answer (one per request, else every request fails)."""
