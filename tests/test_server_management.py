@@ -6,7 +6,7 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from http_client import call
+from http_client import call, wait_for
 from models import sleep_archive
 
 OPEN = {"enable_model_api": "true"}
@@ -166,6 +166,33 @@ def test_scaling_up_and_down_under_load_loses_nothing(tmp_path: Path, start_serv
     assert len(results) > 20
     assert all(status == 200 for status, _, _ in results), {s for s, _, _ in results}
     assert all(body == echo for _, body, echo in results)
+
+
+def test_a_request_queued_when_the_last_worker_retires_is_answered_503_at_once(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
+    """A request waits in the queue for its batch to fill (batch 4, 10 s delay) when the model is scaled to 0: its
+    worker, idle, retires at once, and the request gets 503 (no worker) then, not after a wait for a worker that
+    never comes."""
+    store = tmp_path / "store"
+    sleep_archive(store, batch_ms=0, model_config={"batchSize": 4, "maxBatchDelay": 10000})
+    server = start_server(model_store=store, models={"sleep": "sleep.mar"})
+    replies = []
+    waiting = threading.Thread(
+        target=lambda: replies.append(call("POST", f"{server.inference_url}/predictions/sleep", b"x", timeout=60))
+    )
+    waiting.start()
+    wait_for(lambda: pending(server) == 1, 10, "the request to be queued")
+    scaled = call("PUT", f"{server.management_url}/models/sleep?min_worker=0&synchronous=true")
+    assert scaled.status == 200, scaled.body
+    waiting.join(5)
+    assert not waiting.is_alive(), "the queued request was not answered when the last worker retired"
+    [reply] = replies
+    assert (reply.status, reply.json()["type"]) == (503, "ServiceUnavailableException"), reply.body
+    assert pending(server) == 0
+
+
+def pending(server) -> int:  # type: ignore[no-untyped-def]
+    described = call("GET", f"{server.management_url}/models/sleep").json()[0]
+    return int(described["jobQueueStatus"]["pendingRequests"])
 
 
 def test_management_requires_token_when_auth_is_on(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]

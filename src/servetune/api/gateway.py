@@ -34,6 +34,7 @@ Adding a protocol: a module that parses into :class:`Call` and renders :class:`A
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -49,6 +50,9 @@ from servetune.timing import BATCH_SIZE, HANDLER_MS, QUEUE_MS
 if TYPE_CHECKING:  # the metrics app serves over HTTP (api/rest.py), which imports this module
     from servetune.api.auth import TokenStore
     from servetune.api.metrics import ApiMetrics
+
+# A backend's synchronous way in (the native backend's ``submit``): the request queued, its answer a future.
+Submit = Callable[[str, "str | None", InferRequest], "asyncio.Future[InferResult]"]
 
 # Who may call a route or an RPC (see the module): never checked, a probe, a prediction, a management call, and the
 # token API (``GET /token``, the ``API`` key).
@@ -174,12 +178,43 @@ class Gateway:
     async def infer(self, call: Call, caller: Caller) -> Answer:
         """Run one prediction through the backend, observed; raises ApiError (the backend's, 503 for a model not
         ready under KServe's rule or not loaded yet, 507 for an answer over ``max_response_size``)."""
-        request_id = caller.request_id or new_request_id()
+        job = self._job(call, caller)
+        try:
+            if call.refuse_not_ready and not await self.backend.ready(call.model, call.version):
+                raise ApiError.unavailable(f"Model with name {call.model} is not ready.")
+            result = await self.backend.infer(call.model, call.version, job)
+        except ApiError as exc:
+            raise self._not_loaded_yet(exc, call.model) from None
+        return self.answered(call, caller, job, result)
+
+    def submit(self, call: Call, caller: Caller) -> tuple[asyncio.Future[InferResult], InferRequest] | None:
+        """:meth:`infer`'s way in without a coroutine (a direct route's, ``api/rest.py``): the backend's future for
+        the call and the request it queued, to be settled with :meth:`settled`; None where the backend has no such
+        way (Ray) or the call must first ask whether its model is ready. Raises ApiError as :meth:`infer` does."""
+        submit: Submit | None = getattr(self.backend, "submit", None)
+        if submit is None or call.refuse_not_ready:
+            return None
+        job = self._job(call, caller)
+        try:
+            return submit(call.model, call.version, job), job
+        except ApiError as exc:
+            raise self._not_loaded_yet(exc, call.model) from None
+
+    def settled(self, call: Call, caller: Caller, job: InferRequest, future: asyncio.Future[InferResult]) -> Answer:
+        """The answer to a :meth:`submit`'s call once its future is done (not cancelled), as :meth:`infer` returns
+        it; raises ApiError as :meth:`infer` does."""
+        try:
+            result = future.result()
+        except ApiError as exc:
+            raise self._not_loaded_yet(exc, call.model) from None
+        return self.answered(call, caller, job, result)
+
+    def _job(self, call: Call, caller: Caller) -> InferRequest:
         deadline = caller.deadline
         if call.deadline is not None and (deadline is None or call.deadline < deadline):
             deadline = call.deadline
-        job = InferRequest(
-            request_id,
+        return InferRequest(
+            caller.request_id or new_request_id(),
             call.headers,
             call.inputs,
             time.monotonic(),
@@ -188,12 +223,9 @@ class Gateway:
             call.on_partial,
             deadline,
         )
-        try:
-            if call.refuse_not_ready and not await self.backend.ready(call.model, call.version):
-                raise ApiError.unavailable(f"Model with name {call.model} is not ready.")
-            result = await self.backend.infer(call.model, call.version, job)
-        except ApiError as exc:
-            raise self._not_loaded_yet(exc, call.model) from None
+
+    def answered(self, call: Call, caller: Caller, job: InferRequest, result: InferResult) -> Answer:
+        """The backend's result as the caller's answer: within ``max_response_size`` (else ApiError 507), observed."""
         self.check_answer_size(len(result.body))
         metrics = self.metrics
         if metrics is not None:
@@ -204,7 +236,7 @@ class Gateway:
                 result.queue_ms / 1000.0,
                 result.handler_ms / 1000.0 or None,
             )
-        return Answer(result, request_id)
+        return Answer(result, job.request_id)
 
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
         """The version's OIP metadata (ApiError 404 for an unknown one; 503 while the start-up models load)."""
@@ -241,5 +273,6 @@ __all__ = [
     "Call",
     "Caller",
     "Gateway",
+    "Submit",
     "new_request_id",
 ]

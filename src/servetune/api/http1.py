@@ -53,16 +53,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import h11
 from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from h11._events import Event
+from starlette.responses import PlainTextResponse
 from uvicorn._types import ASGISendEvent, HTTPResponseStartEvent
 from uvicorn.config import Config
 from uvicorn.protocols.http import h11_impl, httptools_impl
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.server import ServerState
 
 
@@ -109,6 +112,7 @@ class OneWriteCycle(httptools_impl.RequestResponseCycle):
     """uvicorn's request/response cycle (httptools), writing a framed response's head with its body."""
 
     _head: bytes | None = None
+    run: Callable[[Any], None]  # a direct route's request: run an ASGI app for it (set when its body is in)
 
     async def write_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         """A whole response in one write, as ``send`` would write ``http.response.start`` and one
@@ -117,6 +121,11 @@ class OneWriteCycle(httptools_impl.RequestResponseCycle):
         a status that has a body. The connection is kept or closed as ``send`` would (HTTP/1.0 keep-alive too)."""
         if self.flow.write_paused and not self.disconnected:
             await self.flow.drain()
+        self.write_now(status, headers, body)
+
+    def write_now(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """:meth:`write_whole` without waiting for the client to read what was written before (a direct route's
+        answer, from a callback: the one request of its connection, so at most this answer waits in the buffer)."""
         if self.disconnected:
             return
         if self.response_started:
@@ -178,6 +187,38 @@ CLIENT_GONE_KEY = "servetune.client_gone"
 WRITE_WHOLE_KEY = "servetune.write_whole"
 
 
+# A direct route (``api/rest.py``'s ``DirectRoutes``): given a request's scope once its head is parsed, the function
+# that starts it once its whole body is in (``cycle.body``), or None when the request is not one of its. That
+# function either takes the request, answering later with ``cycle.write_now`` or ``cycle.run(asgi_app)``, and
+# returns None; or returns an ASGI app that the protocol runs for the request as for any other (an error's response,
+# or the regular app when the route declines it).
+DirectStart = Callable[["OneWriteCycle"], Any]  # -> an ASGI app, or None
+
+
+async def REGULAR_APP(scope: Any, receive: Any, send: Any) -> None:  # noqa: N802 (a marker, named as a constant)
+    """What a direct route's start returns to leave its request to the app the server runs (never called)."""
+    raise RuntimeError("REGULAR_APP is a marker: the protocol runs its own app instead")
+
+
+DirectMatch = Callable[[Any], "DirectStart | None"]
+# the largest body a direct route waits for before it starts (uvicorn pauses reading past it: larger bodies take the
+# ASGI way, read as they arrive)
+DIRECT_BODY_MAX = HIGH_WATER_LIMIT
+
+
+def _small_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The request declares a body of at most :data:`DIRECT_BODY_MAX` bytes and no transfer coding."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return False
+            length = int(value)
+        elif name == b"transfer-encoding":
+            return False
+    return length is not None and length <= DIRECT_BODY_MAX
+
+
 def wants_keep_alive(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Whether an HTTP/1.0 request asks to keep its connection: a ``keep-alive`` token and no ``close`` token.
 
@@ -231,9 +272,52 @@ class _Http10Cycle(OneWriteCycle):
 
 
 class KeepAliveHttpToolsProtocol(httptools_impl.HttpToolsProtocol):
-    """uvicorn's httptools protocol, keeping HTTP/1.0 connections that ask for it (see the module docstring)."""
+    """uvicorn's httptools protocol, keeping HTTP/1.0 connections that ask for it (see the module docstring), and
+    answering the direct routes below ASGI (``direct``, set on the subclass :func:`guarded_protocol` makes)."""
+
+    direct: DirectMatch | None = None
+    _deferred: tuple[OneWriteCycle, DirectStart] | None = None  # a direct request whose body is still arriving
+    _heading = False  # within on_headers_complete: a task started now is a new request's, not a pipelined one's
 
     def on_headers_complete(self) -> None:
+        self._heading = True
+        try:
+            self._on_headers_complete()
+        finally:
+            self._heading = False
+
+    def _start_asgi_task(self, cycle: httptools_impl.RequestResponseCycle, app: Any) -> None:
+        """uvicorn starts a request's ASGI task when its head is complete; a direct route's request (a body of known,
+        modest length, nothing pipelined before it) instead waits for its body and starts in on_message_complete."""
+        direct = self.direct
+        if direct is not None and self._heading and app is self.app and not cycle.waiting_for_100_continue:
+            start = direct(self.scope) if _small_body(self.headers) else None
+            if start is not None:
+                self._deferred = (cycle, start)  # type: ignore[assignment]  # it becomes a OneWriteCycle just after
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        deferred = self._deferred
+        if deferred is None or deferred[0] is not self.cycle:
+            return
+        self._deferred = None
+        cycle, start = deferred
+        cycle.run = partial(super()._start_asgi_task, cycle)
+        try:
+            app: Any = start(cycle)
+        except Exception:
+            app = PlainTextResponse("Internal Server Error", status_code=500)
+            self.logger.exception("the direct route failed")
+        if app is not None:
+            cycle.run(self.app if app is REGULAR_APP else app)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._deferred = None
+        super().connection_lost(exc)
+
+    def _on_headers_complete(self) -> None:
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is None or cycle.scope is not self.scope:  # an upgrade: no cycle was made for this request
@@ -518,14 +602,19 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
             self.transport.close()  # a connection that never sent a byte: nobody to answer
 
 
-def guarded_protocol(limits: HeaderLimits) -> type[GuardedHttpToolsProtocol]:
-    """The protocol class to give ``uvicorn.Config(http=...)`` for these limits."""
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+def guarded_protocol(limits: HeaderLimits, direct: DirectMatch | None = None) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class to give ``uvicorn.Config(http=...)`` for these limits (and these direct routes)."""
+    routes = None if direct is None else staticmethod(direct)  # a plain function would be bound as a method
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits, "direct": routes})
 
 
 __all__ = [
     "CLIENT_GONE_KEY",
+    "DIRECT_BODY_MAX",
     "SLICE",
+    "DirectMatch",
+    "REGULAR_APP",
+    "DirectStart",
     "WRITE_WHOLE_KEY",
     "GuardedHttpToolsProtocol",
     "HeaderLimits",

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import re
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from functools import partial
+from typing import Any, cast
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -36,9 +38,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from servetune._exceptions import ApiError
 from servetune.api.gateway import Access, Answer, Call, Caller, Gateway
-from servetune.api.http1 import CLIENT_GONE_KEY, WRITE_WHOLE_KEY
+from servetune.api.http1 import CLIENT_GONE_KEY, REGULAR_APP, WRITE_WHOLE_KEY, OneWriteCycle
+from servetune.api.types import InferRequest, InferResult
 from servetune.timing import BATCH_SIZE, HANDLER_MS, QUEUE_MS, TIMEOUT_MS
 
+log = logging.getLogger("servetune.api")
 NO_CACHE_HEADERS = {
     "Pragma": "no-cache",
     "Cache-Control": "no-cache; no-store, must-revalidate, private",
@@ -46,6 +50,7 @@ NO_CACHE_HEADERS = {
 }
 CLIENT_GONE = 499  # nginx's "client closed request": nobody is left to read the answer
 _QUEUE_MS, _HANDLER_MS, _BATCH_SIZE = (name.encode("latin-1") for name in (QUEUE_MS, HANDLER_MS, BATCH_SIZE))
+_TIMEOUT_MS = TIMEOUT_MS.lower().encode("latin-1")
 
 Endpoint = Callable[[Request, Caller], Awaitable[Response]]
 ErrorShape = Callable[[ApiError], Response]
@@ -103,7 +108,7 @@ class WholeResponse(Response):
     def __init__(self, body: bytes, status: int, fields: list[tuple[bytes, bytes]]) -> None:
         self.status_code = status
         self.background = None
-        self.body = body
+        self.body = self.whole = body
         self.fields = fields
 
     @property
@@ -115,7 +120,7 @@ class WholeResponse(Response):
         if whole is None:
             await super().__call__(scope, receive, send)
         else:
-            await whole(self.status_code, self.fields, self.body)
+            await whole(self.status_code, self.fields, self.whole)
 
 
 _NO_CACHE_FIELDS = tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in NO_CACHE_HEADERS.items())
@@ -161,10 +166,24 @@ def answer_response(answer: Answer) -> Response:
 def caller(request: Request, received: float) -> Caller:
     """What the request's head says of its caller; its deadline from ``x-servetune-timeout-ms`` (HTTP has none of its
     own). ApiError 400 for a timeout that is not a positive number."""
-    headers, gone = request.headers, request.scope.get(CLIENT_GONE_KEY)
-    timeout = headers.get(TIMEOUT_MS)
+    scope = request.scope
+    return caller_of(scope["headers"], received, scope.get(CLIENT_GONE_KEY))  # type: ignore[arg-type]
+
+
+def caller_of(raw: Iterable[tuple[bytes, bytes]], received: float, gone: Callable[[], bool] | None) -> Caller:
+    """:func:`caller` from the head's (lower-case name, value) pairs; of a repeated header, the first."""
+    authorization = request_id = timeout = None
+    for name, value in raw:
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value.decode("latin-1")
+        elif name == b"x-request-id":
+            if request_id is None:
+                request_id = value.decode("latin-1")
+        elif name == _TIMEOUT_MS and timeout is None:
+            timeout = value.decode("latin-1")
     deadline = None if timeout is None else time.monotonic() + timeout_ms(timeout) / 1000.0
-    return Caller(received, headers.get("authorization"), headers.get("x-request-id"), gone, deadline)
+    return Caller(received, authorization, request_id, gone, deadline)
 
 
 def timeout_ms(value: str) -> float:
@@ -181,10 +200,23 @@ def timeout_ms(value: str) -> float:
 def request_headers(request: Request, dropped: Sequence[str] = ()) -> dict[str, str]:
     """The request's headers as a handler sees them (lower-case names, the last of repeated ones), less ``dropped``
     (lower-case names)."""
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
+    return headers_dict(request.scope["headers"], dropped)
+
+
+def headers_dict(raw: Sequence[tuple[bytes, bytes]], dropped: Sequence[str] = ()) -> dict[str, str]:
+    """:func:`request_headers` from the head's (lower-case name, value) pairs."""
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw}
     for name in dropped:
         headers.pop(name, None)
     return headers
+
+
+def header_value(raw: Sequence[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of header ``name`` (lower-case) among the head's pairs, as Starlette's ``headers.get``."""
+    for key, value in raw:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 async def read_body(request: Request, limit: int, *, encoded: bool = False) -> bytes:
@@ -245,10 +277,18 @@ async def infer(gateway: Gateway, request: Request, who: Caller, call: Call) -> 
 # ---- routes ------------------------------------------------------------------------------------------------------
 
 
+# A direct route's parser without a coroutine: the request's scope, its whole body and the path's parameters as its
+# Call, or None to leave the request to the route's ASGI way (e.g. a form body).
+Prepare = Callable[[Scope, bytes, dict[str, Any]], "Call | None"]
+Render = Callable[[Answer], Response]
+
+
 class GatewayRoute(Route):
-    """A Starlette route through the gateway; ``direct``: answered by :func:`with_direct_routes` ahead of the router."""
+    """A Starlette route through the gateway; ``direct``: answered by :class:`DirectRoutes` ahead of the router, and,
+    with ``start`` (made from a ``prepare``), below ASGI by servetune's HTTP protocol."""
 
     direct = False
+    start: Callable[[dict[str, Any], OneWriteCycle], ASGIApp | None] | None = None
 
 
 def route(
@@ -260,10 +300,13 @@ def route(
     errors: ErrorShape = error_response,
     *,
     direct: bool = False,
+    prepare: Prepare | None = None,
+    render: Render = answer_response,
 ) -> GatewayRoute:
     """A route through the gateway: the token ``access`` needs, then ``endpoint(request, caller)``; an ApiError is
     answered in ``errors``' shape; the answer's status is counted by the gateway. ``direct``: a hot route, matched
-    before Starlette's router (:func:`with_direct_routes`)."""
+    before Starlette's router (:class:`DirectRoutes`); ``prepare`` (a direct route's): the same request parsed
+    without a coroutine, its answer made by ``render``, for servetune's HTTP protocol to run below ASGI."""
 
     async def guarded(request: Request) -> Response:
         try:
@@ -285,7 +328,69 @@ def route(
 
     made = GatewayRoute(path, guarded, methods=list(methods))
     made.direct = direct
+    if direct and prepare is not None:
+        made.start = DirectCall(gateway, access, errors, prepare, render).start
     return made
+
+
+class DirectCall:
+    """A direct route's request below ASGI (``http1.DirectStart``): what :func:`route`'s ``guarded`` and its
+    endpoint do, without a coroutine: the token, the body within ``max_request_size``, the route's ``prepare``, the
+    gateway's ``submit``; the answer, rendered, written from the future's callback in one write. Every rule of the
+    ASGI way holds (the error shapes, the status count, 499 for a client gone before its batch was sent); a request
+    ``prepare`` or the backend cannot take this way (a form body, Ray) is handed to the regular app."""
+
+    __slots__ = ("gateway", "access", "errors", "prepare", "render")
+
+    def __init__(self, gateway: Gateway, access: Access, errors: ErrorShape, prepare: Prepare, render: Render) -> None:
+        self.gateway = gateway
+        self.access = access
+        self.errors = errors
+        self.prepare = prepare
+        self.render = render
+
+    def start(self, params: dict[str, Any], cycle: OneWriteCycle) -> ASGIApp | None:
+        gateway, scope = self.gateway, cast(Scope, cycle.scope)
+        try:
+            who = caller_of(scope["headers"], time.perf_counter(), scope.get(CLIENT_GONE_KEY))
+            gateway.authorize(self.access, who.authorization)
+        except ApiError as exc:
+            return self.errors(exc)
+        body = bytes(cycle.body)
+        try:
+            if len(body) > gateway.config.max_request_size:
+                raise ApiError.too_large(gateway.config.max_request_size)
+            call = self.prepare(scope, body, params)
+            submitted = None if call is None else gateway.submit(call, who)
+        except ApiError as exc:
+            response = self.errors(exc)
+            gateway.count(self.access, response.status_code)
+            return response
+        if call is None or submitted is None:
+            return REGULAR_APP
+        future, job = submitted
+        future.add_done_callback(partial(self._answer, cycle, call, who, job))
+        return None
+
+    def _answer(
+        self, cycle: OneWriteCycle, call: Call, who: Caller, job: InferRequest, future: asyncio.Future[InferResult]
+    ) -> None:
+        response: Response
+        if future.cancelled():  # the client went away before its batch was sent: nobody to answer
+            response = Response(b"", CLIENT_GONE)
+        else:
+            try:
+                response = self.render(self.gateway.settled(call, who, job, future))
+            except ApiError as exc:
+                response = self.errors(exc)
+            except Exception:
+                log.exception("a prediction's answer failed")
+                response = PlainTextResponse("Internal Server Error", status_code=500)
+        self.gateway.count(self.access, response.status_code)
+        if isinstance(response, WholeResponse):
+            cycle.write_now(response.status_code, response.fields, response.whole)
+        else:
+            cycle.run(response)
 
 
 def route_path(scope: Scope) -> str:
@@ -300,41 +405,63 @@ def route_path(scope: Scope) -> str:
     return path[len(root) :] if path[len(root)] == "/" else path
 
 
-def with_direct_routes(app: ASGIApp, routes: Sequence[BaseRoute]) -> ASGIApp:
+class DirectRoutes:
     """``app`` (a Starlette app of ``routes``) with its direct routes (``route(..., direct=True)``) answered first,
     without the router and middleware: the route's own ``guarded`` function runs on a Starlette Request, so the token,
     the error shapes, the 499 and the status count are the route's; an exception it does not answer (a bug) gets the
     500 Starlette's ServerErrorMiddleware would send, and is raised on for the server to log. A request no direct
     route takes (another path, another method) goes to ``app`` untouched, where the router answers it (its 405
-    too)."""
-    direct = [
-        (r.path_regex, frozenset(r.methods or ()), r.param_convertors, r.endpoint)
-        for r in routes
-        if isinstance(r, GatewayRoute) and r.direct
-    ]
-    if not direct:
-        return app
+    too). :meth:`match` is the protocol's way to the routes that can also run below ASGI (``http1.DirectMatch``)."""
 
-    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            method, path = scope["method"], route_path(scope)
-            for regex, methods, convertors, endpoint in direct:
-                if method not in methods:
-                    continue
-                match = regex.match(path)
-                if match is None:
-                    continue
-                scope["path_params"] = {k: convertors[k].convert(v) for k, v in match.groupdict().items()}
-                try:
-                    response = await endpoint(Request(scope, receive, send))
-                except Exception:
-                    await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
-                    raise
-                await response(scope, receive, send)
-                return
-        await app(scope, receive, send)
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = [
+            (r.path_regex, frozenset(r.methods or ()), r.param_convertors, r.endpoint, r.start)
+            for r in routes
+            if isinstance(r, GatewayRoute) and r.direct
+        ]
 
-    return dispatch
+    def _find(self, method: str, path: str) -> tuple[Any, dict[str, Any]] | None:
+        for regex, methods, convertors, endpoint, start in self.routes:
+            if method not in methods:
+                continue
+            match = regex.match(path)
+            if match is not None:
+                params = {k: convertors[k].convert(v) for k, v in match.groupdict().items()}
+                return (endpoint, start), params
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self._find(scope["method"], route_path(scope)) if scope["type"] == "http" else None
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        (endpoint, _), scope["path_params"] = found
+        try:
+            response = await endpoint(Request(scope, receive, send))
+        except Exception:
+            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+            raise
+        await response(scope, receive, send)
+
+    def match(self, scope: Scope) -> Callable[[OneWriteCycle], ASGIApp | None] | None:
+        """The start of the request below ASGI, if a direct route with a ``prepare`` takes it (its path less one
+        trailing slash, as ``without_trailing_slash`` routes it)."""
+        path = route_path(scope)
+        if len(path) > 1 and path.endswith("/"):
+            path = path.rstrip("/") or "/"
+        found = self._find(scope["method"], path)
+        if found is None or found[0][1] is None:
+            return None
+        (_, start), params = found
+        scope["path_params"] = params
+        return partial(start, params)
+
+
+def with_direct_routes(app: ASGIApp, routes: Sequence[BaseRoute]) -> ASGIApp:
+    """``app`` with its direct routes answered first (:class:`DirectRoutes`); ``app`` itself when there are none."""
+    direct = DirectRoutes(app, routes)
+    return direct if direct.routes else app
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -372,15 +499,20 @@ def without_trailing_slash(app: ASGIApp) -> ASGIApp:
 __all__ = [
     "CLIENT_GONE",
     "NO_CACHE_HEADERS",
+    "DirectCall",
+    "DirectRoutes",
     "Endpoint",
     "ErrorShape",
     "answer_response",
     "caller",
+    "caller_of",
     "decompress",
     "error_response",
     "exception_handlers",
     "GatewayRoute",
     "header_problem",
+    "header_value",
+    "headers_dict",
     "infer",
     "json_response",
     "kserve_error_response",

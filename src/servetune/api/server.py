@@ -28,12 +28,12 @@ import uvicorn
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.auth import TokenStore
 from servetune.api.gateway import Gateway
-from servetune.api.http1 import HeaderLimits, guarded_protocol
+from servetune.api.http1 import DirectMatch, HeaderLimits, guarded_protocol
 from servetune.api.inference import inference_app
 from servetune.api.management import Management, create_management_app
 from servetune.api.metrics import create_metrics_app
 from servetune.api.plan import RegisterParams
-from servetune.api.rest import without_trailing_slash
+from servetune.api.rest import DirectRoutes, without_trailing_slash
 from servetune.api.types import Backend, Readiness
 from servetune.config.server import Address, ServerConfig
 from servetune.ready import ReadyInfo
@@ -113,14 +113,14 @@ def header_limits(config: ServerConfig) -> HeaderLimits:
     )
 
 
-def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
+def uvicorn_config(app: Any, config: ServerConfig, direct: DirectMatch | None = None) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
         lifespan="off",
         loop="asyncio",
-        http=guarded_protocol(header_limits(config)),  # header limits; ab -k: HTTP/1.0 keep-alive too
+        http=guarded_protocol(header_limits(config), direct),  # header limits; ab -k: HTTP/1.0 keep-alive too
         timeout_keep_alive=30,
         # uvicorn's default rewrites each request's client address and scheme from X-Forwarded-For/-Proto (from
         # 127.0.0.1): a middleware on every request for fields servetune never reads; TorchServe ignores them too.
@@ -222,7 +222,8 @@ class ApiServer:
         for name, address, app in apps:
             sock = bind_socket(address)
             self.urls[name] = address.url(sock.getsockname()[1])
-            server = EmbeddedUvicorn(uvicorn_config(without_trailing_slash(app), config))
+            direct = app.match if isinstance(app, DirectRoutes) else None  # predictions below ASGI (api/http1.py)
+            server = EmbeddedUvicorn(uvicorn_config(without_trailing_slash(app), config, direct))
             self._servers.append(server)
             tasks.append(asyncio.create_task(server.serve(sockets=[sock]), name=f"http-{name}"))
         for name, url in self.urls.items():

@@ -5,11 +5,13 @@ the inputs) and renders the handler's answer as it is.
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
-from starlette.types import Message
+from starlette.types import Message, Scope
 
 from servetune._exceptions import ApiError
 from servetune.api import rest
@@ -80,6 +82,16 @@ def torchserve_routes(gateway: Gateway) -> list[BaseRoute]:
     async def predictions(request: Request, who: Caller) -> Response:
         return await predict(request, who, explain=False)
 
+    def prepared(scope: Scope, body: bytes, params: dict[str, Any]) -> Call | None:
+        """``predict``'s Call without a coroutine (servetune's protocol, below ASGI); a form body: None (the
+        ASGI way parses it)."""
+        raw = scope["headers"]
+        ctype = rest.header_value(raw, b"content-type")
+        if (ctype or "").split(";")[0].strip().lower() in FORM_TYPES:
+            return None
+        inputs = [Input("body", ctype, body)]
+        return Call(params["model"], params.get("version"), inputs, _CONTROLS[False], rest.headers_dict(raw))
+
     async def explanations(request: Request, who: Caller) -> Response:
         return await predict(request, who, explain=True)
 
@@ -87,8 +99,16 @@ def torchserve_routes(gateway: Gateway) -> list[BaseRoute]:
         route(gateway, "/", api_description, ["OPTIONS"], OPEN),
         route(gateway, "/api-description", api_description, ["GET", "OPTIONS"], OPEN),
         route(gateway, "/ping", ping, ["GET", "POST"], PROBE),
-        route(gateway, "/predictions/{model}", predictions, ["POST", "PUT"], INFERENCE, direct=True),
-        route(gateway, "/predictions/{model}/{version}", predictions, ["POST", "PUT"], INFERENCE, direct=True),
+        route(gateway, "/predictions/{model}", predictions, ["POST", "PUT"], INFERENCE, direct=True, prepare=prepared),
+        route(
+            gateway,
+            "/predictions/{model}/{version}",
+            predictions,
+            ["POST", "PUT"],
+            INFERENCE,
+            direct=True,
+            prepare=prepared,
+        ),
         route(gateway, "/explanations/{model}", explanations, ["POST", "PUT"], INFERENCE),
         route(gateway, "/explanations/{model}/{version}", explanations, ["POST", "PUT"], INFERENCE),
     ]

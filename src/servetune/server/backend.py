@@ -83,6 +83,10 @@ class NativeBackend:
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
         return await self.registry.get(name, version).submit(request)
 
+    def submit(self, name: str, version: str | None, request: InferRequest) -> asyncio.Future[InferResult]:
+        """:meth:`infer` without a coroutine: the request queued, its answer a future (``Gateway.submit``)."""
+        return self.registry.get(name, version).submit(request)
+
     def models(self) -> list[ModelRef]:
         return [ModelRef(m.name, m.version, m.plan.url, self.registry.is_default(m)) for m in self.registry.all()]
 

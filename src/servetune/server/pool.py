@@ -419,7 +419,10 @@ class WorkerPool:
             if self.reserve:  # which workers are the newest changed
                 self.model.batcher.wake_reserve()
             if not self.active:
-                await self.forking.close()  # no worker left: the parent's memory goes too; the next scale starts one
+                # No worker left: a request queued before the last one retired would wait for one that never comes
+                # (503 at once, as one sent now gets from ``ServedModel.submit``).
+                self._fail(self.model.batcher.drain(), ApiError.no_worker(self.model.name))
+                await self.forking.close()  # the parent's memory goes too; the next scale starts one
 
     async def restart(self) -> None:
         """Replace every worker, one at a time, so that the model keeps serving (settings read at start changed)."""

@@ -1,0 +1,224 @@
+"""Predictions below ASGI (servetune.api.http1's direct routes, api/rest.py's ``DirectCall``): which requests the
+protocol starts itself once their body is in, which it leaves to the ASGI app, and that a real server answers both
+ways alike (TorchServe's error shapes, limits, forms, paths)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.responses import PlainTextResponse
+
+from http_client import call
+from models import sleep_archive
+from servetune.api.http1 import DIRECT_BODY_MAX, REGULAR_APP, HeaderLimits, OneWriteCycle, guarded_protocol
+from servetune.embedded import EmbeddedServer
+
+READ_TIMEOUT_S = 10.0
+
+
+# ---- the protocol, over a real socket, with routes made for the test ------------------------------------------------
+
+
+async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Every request the protocol leaves to ASGI: ``asgi:`` and the whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    answer = b"asgi:" + body
+    headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(answer))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+def direct_answer(cycle: OneWriteCycle) -> None:
+    """``/direct``: ``direct:`` and the body, written on a later turn of the loop (as a batch's answer is)."""
+    body = bytes(cycle.body)
+    asyncio.get_running_loop().call_soon(cycle.write_now, 200, [(b"content-type", b"text/plain")], b"direct:" + body)
+
+
+def match(scope: Any) -> Any:
+    path = scope["path"]
+    if path == "/direct":
+        return direct_answer
+    if path == "/decline":
+        return lambda cycle: REGULAR_APP
+    if path == "/refuse":
+        return lambda cycle: PlainTextResponse("refused", status_code=418)
+    return None
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, int]]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        asgi_app,
+        http=guarded_protocol(HeaderLimits(), match),
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        loop="asyncio",
+        timeout_keep_alive=60,
+    )
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert uv.started, "uvicorn did not start"
+    yield "127.0.0.1", port
+    uv.should_exit = True
+    thread.join(30)
+    sock.close()
+
+
+def head(path: str, length: int | None, extra: str = "", version: str = "1.1") -> bytes:
+    lines = [f"POST {path} HTTP/{version}", "Host: 127.0.0.1", "Content-Type: text/plain"]
+    if length is not None:
+        lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n" + extra + "\r\n").encode()
+
+
+def read_reply(reader: Any) -> tuple[int, dict[str, str], bytes]:
+    status_line = reader.readline()
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, reader.read(int(headers.get("content-length", "0")))
+
+
+def exchange(address: tuple[str, int], *writes: bytes, replies: int = 1, gap_s: float = 0.0) -> list[tuple[Any, ...]]:
+    with socket.create_connection(address, timeout=READ_TIMEOUT_S) as sock:
+        for data in writes:
+            sock.sendall(data)
+            time.sleep(gap_s)
+        reader = sock.makefile("rb")
+        out = [read_reply(reader) for _ in range(replies)]
+        reader.close()
+        return out
+
+
+def test_a_small_body_is_answered_by_the_direct_route_and_the_connection_stays_open(server: tuple[str, int]) -> None:
+    with socket.create_connection(server, timeout=READ_TIMEOUT_S) as sock:
+        reader = sock.makefile("rb")
+        for body in (b"one", b"two"):
+            sock.sendall(head("/direct", len(body)) + body)
+            status, headers, answer = read_reply(reader)
+            assert (status, answer) == (200, b"direct:" + body)
+            assert headers["content-length"] == str(len(answer)) and "connection" not in headers
+        reader.close()
+
+
+def test_the_direct_route_waits_for_a_body_that_arrives_after_its_head(server: tuple[str, int]) -> None:
+    body = b"x" * 1000
+    [(status, _, answer)] = exchange(server, head("/direct", len(body)), body[:10], body[10:], gap_s=0.05)
+    assert (status, answer) == (200, b"direct:" + body)
+
+
+def test_http10_keep_alive_holds_on_the_direct_route(server: tuple[str, int]) -> None:
+    [(status, headers, answer)] = exchange(server, head("/direct", 2, "Connection: keep-alive\r\n", "1.0") + b"hi")
+    assert (status, answer, headers["connection"]) == (200, b"direct:hi", "keep-alive")
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "answer"),
+    [
+        # past the size the protocol waits for: read as it arrives, by the app
+        (head("/direct", DIRECT_BODY_MAX + 1) + b"y" * (DIRECT_BODY_MAX + 1), b"asgi:" + b"y" * (DIRECT_BODY_MAX + 1)),
+        # no declared length
+        (head("/direct", None, "Transfer-Encoding: chunked\r\n") + b"3\r\nabc\r\n0\r\n\r\n", b"asgi:abc"),
+        # the route declines it, or answers it with an ASGI response
+        (head("/decline", 3) + b"abc", b"asgi:abc"),
+        (head("/refuse", 3) + b"abc", b"refused"),
+        # not a direct route's path
+        (head("/other", 3) + b"abc", b"asgi:abc"),
+    ],
+    ids=["large", "chunked", "declined", "refused", "other"],
+)
+def test_what_the_direct_route_does_not_take_goes_to_asgi(
+    server: tuple[str, int], request_bytes: bytes, answer: bytes
+) -> None:
+    [(status, _, got)] = exchange(server, request_bytes)
+    assert got == answer and status == (418 if answer == b"refused" else 200)
+
+
+def test_expect_100_continue_is_left_to_asgi_which_sends_the_interim_answer(server: tuple[str, int]) -> None:
+    with socket.create_connection(server, timeout=READ_TIMEOUT_S) as sock:
+        sock.sendall(head("/direct", 3, "Expect: 100-continue\r\n"))
+        reader = sock.makefile("rb")
+        # uvicorn sends 100 Continue when the app first asks for the body
+        assert reader.readline().startswith(b"HTTP/1.1 100")
+        assert reader.readline() == b"\r\n"
+        sock.sendall(b"abc")
+        assert read_reply(reader)[2] == b"asgi:abc"
+        reader.close()
+
+
+def test_pipelined_requests_are_answered_in_order(server: tuple[str, int]) -> None:
+    """The first starts on the direct route; those queued behind it start, in order, as each answer completes."""
+    pipelined = b"".join(head("/direct", len(b)) + b for b in (b"a", b"bb", b"ccc"))
+    replies = exchange(server, pipelined, replies=3)
+    assert [answer for _, _, answer in replies] == [b"direct:a", b"asgi:bb", b"asgi:ccc"]
+
+
+# ---- a real server: the direct way and the ASGI way answer alike ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servetune(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    tmp = tmp_path_factory.mktemp("direct")
+    sleep_archive(tmp / "store", batch_ms=0)
+    properties = {
+        "disable_token_authorization": "true",
+        "default_workers_per_model": "1",
+        "max_request_size": "1000",
+    }
+    with EmbeddedServer(tmp / "store", {"sleep": "sleep.mar"}, properties, workdir=tmp / "server") as server:
+        yield server
+
+
+@pytest.mark.parametrize("path", ["/predictions/sleep", "/predictions/sleep/", "/predictions/sleep/1.0"])
+def test_predictions_on_every_path_form(servetune: EmbeddedServer, path: str) -> None:
+    reply = call("POST", servetune.inference_url + path, b"hello", {"x-request-id": "rid-1"})
+    assert reply.status == 200 and reply.json()["echo"] == "hello"
+    assert reply.headers["x-request-id"] == "rid-1" and reply.headers["x-servetune-batch-size"] == "1"
+
+
+def test_a_form_body_is_still_parsed_into_its_fields(servetune: EmbeddedServer) -> None:
+    reply = call(
+        "POST",
+        servetune.inference_url + "/predictions/sleep",
+        b"data=from+a+form",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert reply.status == 200 and reply.json()["echo"] == "from a form"
+
+
+def test_torchserve_error_shapes_hold_on_the_direct_way(servetune: EmbeddedServer) -> None:
+    too_large = call("POST", servetune.inference_url + "/predictions/sleep", b"z" * 1001)  # over max_request_size
+    assert too_large.status == 413 and too_large.json()["code"] == 413
+    unknown = call("POST", servetune.inference_url + "/predictions/nobody", b"hello")
+    assert unknown.status == 404 and json.loads(unknown.body)["type"] == "ModelNotFoundException"
+    failed = call("POST", servetune.inference_url + "/predictions/sleep", b"boom")
+    assert failed.status == 503 and failed.json() == {
+        "code": 503,
+        "type": "InternalServerException",
+        "message": "Prediction failed",
+    }
+    timeout = call("POST", servetune.inference_url + "/predictions/sleep", b"hello", {"x-servetune-timeout-ms": "-1"})
+    assert timeout.status == 400 and "x-servetune-timeout-ms" in timeout.json()["message"]
