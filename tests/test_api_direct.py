@@ -17,9 +17,21 @@ import uvicorn
 from starlette.responses import PlainTextResponse
 
 from http_client import call
+from kserve_models import build_store
 from models import sleep_archive
 from servetune.api.http1 import DIRECT_BODY_MAX, REGULAR_APP, HeaderLimits, OneWriteCycle, guarded_protocol
 from servetune.embedded import EmbeddedServer
+from test_api_kserve import (  # noqa: F401 (collected here too: the same cases on the native backend)
+    LIMIT,
+    test_v1_bad_requests_get_kserve_errors,
+    test_v1_predict_hands_the_handler_the_instances_and_answers_predictions,
+    test_v2_bad_requests_get_oip_errors,
+    test_v2_gzip_request_bodies_are_read,
+    test_v2_infer_binary_both_ways_with_parameters_and_chosen_outputs,
+    test_v2_infer_json_as_torchserves_kservev2_envelope_answers,
+    test_v2_unknown_models_and_versions_are_404,
+)
+from test_api_kserve import Server as KServeServer
 
 READ_TIMEOUT_S = 10.0
 
@@ -59,7 +71,7 @@ def match(scope: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, int]]:
+def protocol() -> Iterator[tuple[str, int]]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -113,8 +125,8 @@ def exchange(address: tuple[str, int], *writes: bytes, replies: int = 1, gap_s: 
         return out
 
 
-def test_a_small_body_is_answered_by_the_direct_route_and_the_connection_stays_open(server: tuple[str, int]) -> None:
-    with socket.create_connection(server, timeout=READ_TIMEOUT_S) as sock:
+def test_a_small_body_is_answered_by_the_direct_route_and_the_connection_stays_open(protocol: tuple[str, int]) -> None:
+    with socket.create_connection(protocol, timeout=READ_TIMEOUT_S) as sock:
         reader = sock.makefile("rb")
         for body in (b"one", b"two"):
             sock.sendall(head("/direct", len(body)) + body)
@@ -124,14 +136,14 @@ def test_a_small_body_is_answered_by_the_direct_route_and_the_connection_stays_o
         reader.close()
 
 
-def test_the_direct_route_waits_for_a_body_that_arrives_after_its_head(server: tuple[str, int]) -> None:
+def test_the_direct_route_waits_for_a_body_that_arrives_after_its_head(protocol: tuple[str, int]) -> None:
     body = b"x" * 1000
-    [(status, _, answer)] = exchange(server, head("/direct", len(body)), body[:10], body[10:], gap_s=0.05)
+    [(status, _, answer)] = exchange(protocol, head("/direct", len(body)), body[:10], body[10:], gap_s=0.05)
     assert (status, answer) == (200, b"direct:" + body)
 
 
-def test_http10_keep_alive_holds_on_the_direct_route(server: tuple[str, int]) -> None:
-    [(status, headers, answer)] = exchange(server, head("/direct", 2, "Connection: keep-alive\r\n", "1.0") + b"hi")
+def test_http10_keep_alive_holds_on_the_direct_route(protocol: tuple[str, int]) -> None:
+    [(status, headers, answer)] = exchange(protocol, head("/direct", 2, "Connection: keep-alive\r\n", "1.0") + b"hi")
     assert (status, answer, headers["connection"]) == (200, b"direct:hi", "keep-alive")
 
 
@@ -151,14 +163,14 @@ def test_http10_keep_alive_holds_on_the_direct_route(server: tuple[str, int]) ->
     ids=["large", "chunked", "declined", "refused", "other"],
 )
 def test_what_the_direct_route_does_not_take_goes_to_asgi(
-    server: tuple[str, int], request_bytes: bytes, answer: bytes
+    protocol: tuple[str, int], request_bytes: bytes, answer: bytes
 ) -> None:
-    [(status, _, got)] = exchange(server, request_bytes)
+    [(status, _, got)] = exchange(protocol, request_bytes)
     assert got == answer and status == (418 if answer == b"refused" else 200)
 
 
-def test_expect_100_continue_is_left_to_asgi_which_sends_the_interim_answer(server: tuple[str, int]) -> None:
-    with socket.create_connection(server, timeout=READ_TIMEOUT_S) as sock:
+def test_expect_100_continue_is_left_to_asgi_which_sends_the_interim_answer(protocol: tuple[str, int]) -> None:
+    with socket.create_connection(protocol, timeout=READ_TIMEOUT_S) as sock:
         sock.sendall(head("/direct", 3, "Expect: 100-continue\r\n"))
         reader = sock.makefile("rb")
         # uvicorn sends 100 Continue when the app first asks for the body
@@ -169,10 +181,10 @@ def test_expect_100_continue_is_left_to_asgi_which_sends_the_interim_answer(serv
         reader.close()
 
 
-def test_pipelined_requests_are_answered_in_order(server: tuple[str, int]) -> None:
+def test_pipelined_requests_are_answered_in_order(protocol: tuple[str, int]) -> None:
     """The first starts on the direct route; those queued behind it start, in order, as each answer completes."""
     pipelined = b"".join(head("/direct", len(b)) + b for b in (b"a", b"bb", b"ccc"))
-    replies = exchange(server, pipelined, replies=3)
+    replies = exchange(protocol, pipelined, replies=3)
     assert [answer for _, _, answer in replies] == [b"direct:a", b"asgi:bb", b"asgi:ccc"]
 
 
@@ -222,3 +234,20 @@ def test_torchserve_error_shapes_hold_on_the_direct_way(servetune: EmbeddedServe
     }
     timeout = call("POST", servetune.inference_url + "/predictions/sleep", b"hello", {"x-servetune-timeout-ms": "-1"})
     assert timeout.status == 400 and "x-servetune-timeout-ms" in timeout.json()["message"]
+
+
+# ---- KServe's protocols on a real server: test_api_kserve.py's cases (run there in process over a fake backend,
+# which takes the ASGI way), here on the native backend, whose predictions take the direct way ------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KServeServer]:
+    tmp = tmp_path_factory.mktemp("kserve-direct")
+    models = build_store(tmp / "store")
+    properties = {
+        "default_workers_per_model": "1",
+        "max_request_size": str(LIMIT),
+        "disable_token_authorization": "true",
+    }
+    with EmbeddedServer(tmp / "store", models, properties, workdir=tmp / "server") as running:
+        yield KServeServer(running, "native")  # type: ignore[arg-type]

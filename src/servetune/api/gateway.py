@@ -130,6 +130,9 @@ class Gateway:
         self.readiness = readiness if readiness is not None else Readiness()
         # The Ray driver's metrics only sum its replicas' reports: the requests it answers are counted where they run.
         self.metrics = metrics if metrics is not None and metrics.observing else None
+        # the backend's synchronous way in, where it has one (the native backend's): :meth:`submit`
+        self._submit: Submit | None = getattr(backend, "submit", None)
+        self._ready_now: Callable[[str, str | None], bool] | None = getattr(backend, "ready_now", None)
 
     # ---- who may call ----------------------------------------------------------------------------------------------
 
@@ -190,12 +193,14 @@ class Gateway:
     def submit(self, call: Call, caller: Caller) -> tuple[asyncio.Future[InferResult], InferRequest] | None:
         """:meth:`infer`'s way in without a coroutine (a direct route's, ``api/rest.py``): the backend's future for
         the call and the request it queued, to be settled with :meth:`settled`; None where the backend has no such
-        way (Ray) or the call must first ask whether its model is ready. Raises ApiError as :meth:`infer` does."""
-        submit: Submit | None = getattr(self.backend, "submit", None)
-        if submit is None or call.refuse_not_ready:
+        way (Ray's: its ``infer`` only). Raises ApiError as :meth:`infer` does."""
+        submit, ready = self._submit, self._ready_now
+        if submit is None or (call.refuse_not_ready and ready is None):
             return None
         job = self._job(call, caller)
         try:
+            if call.refuse_not_ready and ready is not None and not ready(call.model, call.version):
+                raise ApiError.unavailable(f"Model with name {call.model} is not ready.")
             return submit(call.model, call.version, job), job
         except ApiError as exc:
             raise self._not_loaded_yet(exc, call.model) from None

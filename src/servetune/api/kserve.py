@@ -14,9 +14,12 @@ instances (``servetune.handlers.envelopes``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
+from starlette.types import Scope
 
 from servetune.api import rest
 from servetune.api.gateway import INFERENCE, PROBE, Call, Caller, Gateway
@@ -57,13 +60,21 @@ def kserve_routes(gateway: Gateway) -> list[BaseRoute]:
     async def predict(request: Request, who: Caller) -> Response:
         return await run(request, who, False)
 
+    def prepared(scope: Scope, body: bytes, params: dict[str, Any]) -> Call:
+        """``run``'s Call without a coroutine (servetune's protocol, below ASGI)."""
+        raw = scope["headers"]
+        body = rest.decompress(body, rest.header_value(raw, b"content-encoding"), gateway.config.max_request_size)
+        headers = rest.headers_dict(raw, _DROPPED_HEADERS)
+        inputs = [Input("body", "application/json", body)]
+        return Call(params["model"], None, inputs, _CONTROLS[False], headers, refuse_not_ready=True)
+
     async def explain(request: Request, who: Caller) -> Response:
         return await run(request, who, True)
 
     return [
         kserve_route(gateway, "/", alive, "GET", PROBE),
         kserve_route(gateway, "/v1/models", models, "GET", PROBE),
-        kserve_route(gateway, "/v1/models/{model}:predict", predict, "POST", INFERENCE, direct=True),
+        kserve_route(gateway, "/v1/models/{model}:predict", predict, "POST", INFERENCE, direct=True, prepare=prepared),
         kserve_route(gateway, "/v1/models/{model}:explain", explain, "POST", INFERENCE),
         kserve_route(gateway, "/v1/models/{model}", model_ready, "GET", PROBE),
     ]

@@ -10,20 +10,32 @@ once for a model that is not ready, as KServe answers). Inference bodies are JSO
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
+from starlette.types import Scope
 
 from servetune import __version__
 from servetune._exceptions import ApiError
 from servetune.api import rest
 from servetune.api.gateway import INFERENCE, PROBE, Access, Answer, Call, Caller, Gateway
-from servetune.api.offload import off_loop
+from servetune.api.offload import OFF_LOOP_BYTES, off_loop
 from servetune.api.oip import answer_error, oip_call, tensor_error
-from servetune.api.rest import Endpoint, answer_response, json_response, kserve_error_response, read_body, route
+from servetune.api.rest import (
+    Endpoint,
+    Prepare,
+    answer_response,
+    json_response,
+    kserve_error_response,
+    read_body,
+    route,
+)
 from servetune.tensors import HEADER_LENGTH, InferenceRequest, TensorError, parse_header_length, parse_request
 
 SERVER_NAME = "servetune"
+_HEADER_LENGTH = HEADER_LENGTH.lower().encode("latin-1")
 EXTENSIONS = ("binary_tensor_data",)
 
 
@@ -35,10 +47,19 @@ def kserve_answer(answer: Answer) -> Response:
 
 
 def kserve_route(
-    gateway: Gateway, path: str, endpoint: Endpoint, method: str, access: Access, *, direct: bool = False
+    gateway: Gateway,
+    path: str,
+    endpoint: Endpoint,
+    method: str,
+    access: Access,
+    *,
+    direct: bool = False,
+    prepare: Prepare | None = None,
 ) -> BaseRoute:
-    """A route of KServe's protocols: its errors as ``{"error": message}``; ``direct``: a hot route (``rest.route``)."""
-    return route(gateway, path, endpoint, [method], access, kserve_error_response, direct=direct)
+    """A route of KServe's protocols: its errors as ``{"error": message}``; ``direct``: a hot route, ``prepare``: its
+    parser below ASGI, the answer rendered by :func:`kserve_answer` (``rest.route``)."""
+    errors, render = kserve_error_response, kserve_answer
+    return route(gateway, path, endpoint, [method], access, errors, direct=direct, prepare=prepare, render=render)
 
 
 def oip_routes(gateway: Gateway) -> list[BaseRoute]:
@@ -92,6 +113,19 @@ def oip_routes(gateway: Gateway) -> list[BaseRoute]:
     async def infer(request: Request, who: Caller) -> Response:
         return await run(request, who, False)
 
+    def prepared(scope: Scope, body: bytes, params: dict[str, Any]) -> Call | None:
+        """``run``'s Call without a coroutine (servetune's protocol, below ASGI); None for a body that is parsed on
+        a thread (over ``OFF_LOOP_BYTES`` once inflated): the ASGI way parses it."""
+        raw = scope["headers"]
+        body = rest.decompress(body, rest.header_value(raw, b"content-encoding"), config.max_request_size)
+        if len(body) > OFF_LOOP_BYTES:
+            return None
+        try:
+            header_length = parse_header_length(rest.header_value(raw, _HEADER_LENGTH))
+        except TensorError as exc:
+            raise ApiError.bad_request(str(exc)) from None
+        return parsed(body, header_length, params["model"], params.get("version"), rest.headers_dict(raw), False)
+
     async def explain(request: Request, who: Caller) -> Response:
         return await run(request, who, True)
 
@@ -105,7 +139,7 @@ def oip_routes(gateway: Gateway) -> list[BaseRoute]:
         routes += [
             kserve_route(gateway, prefix, model_metadata, "GET", PROBE),
             kserve_route(gateway, f"{prefix}/ready", model_ready, "GET", PROBE),
-            kserve_route(gateway, f"{prefix}/infer", infer, "POST", INFERENCE, direct=True),
+            kserve_route(gateway, f"{prefix}/infer", infer, "POST", INFERENCE, direct=True, prepare=prepared),
             kserve_route(gateway, f"{prefix}/explain", explain, "POST", INFERENCE),
         ]
     return routes

@@ -94,6 +94,10 @@ class NativeBackend:
         return all(self.registry.get(name).healthy() for name in self.registry.models)
 
     async def ready(self, name: str, version: str | None) -> bool:
+        return self.ready_now(name, version)
+
+    def ready_now(self, name: str, version: str | None) -> bool:
+        """:meth:`ready` without a coroutine (``Gateway.submit``)."""
         return self.registry.get(name, version).healthy()
 
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
