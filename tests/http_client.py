@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import uvicorn
 
 
 @dataclass
@@ -60,3 +66,28 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.25) 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+@contextmanager
+def uvicorn_thread(app: Any, http: Any) -> Iterator[int]:
+    """A real uvicorn server of ``app`` with the HTTP protocol class ``http``, on an ephemeral port, in a thread;
+    yields the port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, http=http, lifespan="off", log_level="warning", access_log=False, loop="asyncio", timeout_keep_alive=60
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

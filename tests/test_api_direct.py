@@ -7,16 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.responses import PlainTextResponse
 
-from http_client import call
+from http_client import call, uvicorn_thread
 from kserve_models import build_store
 from models import sleep_archive
 from servetune.api.http1 import DIRECT_BODY_MAX, REGULAR_APP, HeaderLimits, OneWriteCycle, guarded_protocol
@@ -72,29 +70,8 @@ def match(scope: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def protocol() -> Iterator[tuple[str, int]]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        asgi_app,
-        http=guarded_protocol(HeaderLimits(), match),
-        lifespan="off",
-        log_level="warning",
-        access_log=False,
-        loop="asyncio",
-        timeout_keep_alive=60,
-    )
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert uv.started, "uvicorn did not start"
-    yield "127.0.0.1", port
-    uv.should_exit = True
-    thread.join(30)
-    sock.close()
+    with uvicorn_thread(asgi_app, guarded_protocol(HeaderLimits(), match)) as port:
+        yield "127.0.0.1", port
 
 
 def head(path: str, length: int | None, extra: str = "", version: str = "1.1") -> bytes:
@@ -128,7 +105,7 @@ def exchange(address: tuple[str, int], *writes: bytes, replies: int = 1, gap_s: 
 def test_a_small_body_is_answered_by_the_direct_route_and_the_connection_stays_open(protocol: tuple[str, int]) -> None:
     with socket.create_connection(protocol, timeout=READ_TIMEOUT_S) as sock:
         reader = sock.makefile("rb")
-        for body in (b"one", b"two"):
+        for body in (b"one", b"", b"two"):
             sock.sendall(head("/direct", len(body)) + body)
             status, headers, answer = read_reply(reader)
             assert (status, answer) == (200, b"direct:" + body)

@@ -11,16 +11,14 @@ import re
 import shutil
 import socket
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
+from http_client import uvicorn_thread
 from models import sleep_archive
 from servetune.api.http1 import KeepAliveH11Protocol, KeepAliveHttpToolsProtocol, wants_keep_alive
 from servetune.embedded import EmbeddedServer
@@ -103,29 +101,8 @@ async def small_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture(params=sorted(PROTOCOLS))
 def small_server(request: pytest.FixtureRequest) -> Iterator[str]:
     """A real uvicorn server on an ephemeral port, in a thread, with one of the keep-alive protocols."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        small_app,
-        http=PROTOCOLS[request.param],
-        lifespan="off",
-        log_level="warning",
-        access_log=False,
-        loop="asyncio",
-        timeout_keep_alive=60,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
+    with uvicorn_thread(small_app, PROTOCOLS[request.param]) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
