@@ -12,9 +12,12 @@ back, for every HTTP API (TorchServe's inference routes, KServe v1, OIP v2 REST,
   gzip or deflate for KServe's protocols.
 - :func:`answer_response`: the handler's body and headers (an answer whose headers HTTP cannot carry is a 500: a CR
   or LF would split the response), TorchServe's no-cache headers, the timing headers and ``x-request-id``.
-- :func:`with_direct_routes`: the hot routes (a protocol's predictions: ``route(..., direct=True)``) answered without
+- :class:`DirectRoutes`: the hot routes (a protocol's predictions: ``route(..., direct=True)``) answered without
   Starlette's router and middleware: the same ``guarded`` function runs, so every rule above holds; what is skipped
   is matching ~30 routes in turn and three layers of ASGI wrappers per request (~10% of a no-op prediction's CPU).
+- :class:`DirectCall`: a direct route with a ``prepare`` (its parser without a coroutine) also runs below ASGI on
+  servetune's own HTTP protocol (``api/http1.py``): started once a small framed body is in, submitted to the gateway
+  at once, its answer rendered and written from the future's callback; the same rules, no task per request.
 """
 
 from __future__ import annotations
