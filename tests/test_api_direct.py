@@ -17,7 +17,8 @@ from starlette.responses import PlainTextResponse
 from http_client import call, uvicorn_thread
 from kserve_models import build_store
 from models import sleep_archive
-from servetune.api.http1 import DIRECT_BODY_MAX, REGULAR_APP, HeaderLimits, OneWriteCycle, guarded_protocol
+from servetune.api.http1 import DIRECT_BODY_MAX, REGULAR_APP, OneWriteCycle
+from servetune.api.http_limits import HeaderLimits, guarded_protocol
 from servetune.embedded import EmbeddedServer
 from test_api_kserve import (  # noqa: F401 (collected here too: the same cases on the native backend)
     LIMIT,

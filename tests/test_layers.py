@@ -116,7 +116,7 @@ def test_layers_import_only_what_they_may_and_only_public_names() -> None:
 OUTSIDE_THE_TREE = {
     "servetune.handlers.util.PredictionException",  # the handler contract's (``ts.utils.util``)
     "servetune.handlers.util.BadInputError",
-    "servetune.api.http1._Refused",  # private signals, caught in their own module
+    "servetune.api.http_limits._Refused",  # private signals, caught in their own module
     "servetune.config.model_yaml._Refused",
 }
 

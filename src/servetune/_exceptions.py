@@ -34,7 +34,7 @@ Outside the tree, on purpose:
   the handler contract's: handler code raises them (TorchServe's handlers import ``PredictionException`` from
   ``ts.utils.util`` and construct it with TorchServe's signature); the worker answers them with their
   ``error_code``. They are the handler's errors, not servetune's.
-- ``_Refused`` (``servetune.api.http1``, ``servetune.config.model_yaml``) are private signals that never leave
+- ``_Refused`` (``servetune.api.http_limits``, ``servetune.config.model_yaml``) are private signals that never leave
   their module: each is turned into that module's answer (a 4xx, a ConfigError) where it is caught.
 """
 

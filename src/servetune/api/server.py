@@ -28,7 +28,8 @@ import uvicorn
 from servetune._exceptions import ApiError, ConfigError
 from servetune.api.auth import TokenStore
 from servetune.api.gateway import Gateway
-from servetune.api.http1 import DirectMatch, HeaderLimits, guarded_protocol
+from servetune.api.http1 import DirectMatch
+from servetune.api.http_limits import HeaderLimits, guarded_protocol
 from servetune.api.inference import inference_app
 from servetune.api.management import Management, create_management_app
 from servetune.api.metrics import create_metrics_app

@@ -1,0 +1,259 @@
+"""The HTTP protocol every API runs on (:func:`guarded_protocol`'s class): ``api/http1.py``'s, with limits on a
+request's head.
+
+**Limits on a request's head** (:class:`GuardedHttpToolsProtocol`), checked where its bytes arrive, before uvicorn
+buffers it: size, line length, header count, the time to finish it, and transfer codings.
+
+- the request line and each header line at most ``line`` bytes, the whole head at most ``size`` bytes, at most
+  ``count`` headers: else **431** Request Header Fields Too Large (414 URI Too Long for the request line), sent
+  before the rest of the head is read; then the connection closes (what the client still sends is dropped for up to
+  :data:`LINGER_S` first, so that a reset does not destroy the answer);
+- the head finished within ``timeout_s`` of the connection opening (first request) or of its first byte (later
+  requests on a kept-alive connection): else **408** Request Timeout (or a plain close when nothing was sent);
+- ``Transfer-Encoding`` other than ``chunked``: **501** Not Implemented (RFC 9112 section 6.1; a gzip transfer
+  coding would reach the handler undecoded).
+
+While the head is incomplete, data is handed to the parser in slices of at most :data:`SLICE` bytes and the counts
+are checked between slices, so a refused head costs at most the limit plus one slice; once the head is complete the
+rest of a read goes to the parser whole (no cost on bodies). Error bodies take the API's shape: ``{"error": ...}``
+under ``/v1/`` and ``/v2/`` (KServe), TorchServe's ``{"code", "type", "message"}`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from servetune.api.http1 import DirectMatch, KeepAliveHttpToolsProtocol
+
+SLICE = 8192
+# After a refusal, what the client still sends is read and dropped for a while before the connection closes (as
+# nginx's lingering close): closing a socket with unread data sends a reset, which can destroy the answer in flight.
+LINGER_S = 2.0
+LINGER_BYTES = 64 * 1024 * 1024
+_REASONS = {
+    408: "Request Timeout",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    501: "Not Implemented",
+}
+_TYPES = {
+    408: "RequestTimeoutException",
+    414: "RequestHeaderTooLargeException",
+    431: "RequestHeaderTooLargeException",
+    501: "NotImplementedException",
+}
+
+
+@dataclass(frozen=True)
+class HeaderLimits:
+    """What one request's head may be (config keys ``max_header_line_size``, ``max_header_size``,
+    ``max_header_count``, ``header_timeout_ms``; docs/limits.md)."""
+
+    line: int = 8192
+    size: int = 65536
+    count: int = 100
+    timeout_s: float = 20.0
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing: the protocol answers ``status`` and closes."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def refusal(status: int, message: str, url: bytes) -> bytes:
+    """A whole HTTP/1.1 answer that closes the connection, in the shape of the API the URL belongs to."""
+    path = url.split(b"?", 1)[0]
+    if path.startswith((b"/v1/", b"/v2/")) or path in (b"/v1", b"/v2"):
+        payload: dict[str, Any] = {"error": message}
+    else:
+        payload = {"code": status, "type": _TYPES.get(status, "BadRequestException"), "message": message}
+    body = json.dumps(payload).encode()
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`HeaderLimits` (see the module); ``limits`` is set on the subclass
+    :func:`guarded_protocol` makes."""
+
+    limits = HeaderLimits()
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._in_head = True  # reading a request's head (the first one from the connection's start)
+        self._head_bytes = 0  # bytes of this head seen so far
+        self._line_bytes = 0  # bytes of the head's current, unfinished line
+        self._lines = 0  # finished lines of this head (the request line, then one per header)
+        self._refused: tuple[int, str] | None = None  # set by a parser callback that refuses the request
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._lingering = -1  # bytes dropped since the refusal; -1: not refused
+
+    # ---- the connection ------------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering >= 0:  # refused: drop what still arrives, within bounds
+            self._lingering += len(data)
+            if self._lingering > LINGER_BYTES:
+                self.transport.close()
+            return
+        view = memoryview(data)
+        while len(view):
+            if not self._in_head:
+                super().data_received(view.tobytes())  # a body (and what follows it): whole, as uvicorn reads it
+                return
+            piece, view = view[:SLICE], view[SLICE:]
+            raw = piece.tobytes()
+            problem = self._count(raw)
+            if problem is not None:
+                self._refuse(*problem)
+                return
+            super().data_received(raw)
+            if self.transport.is_closing():
+                return
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a parser error; a callback of ours that refused the request answers its own."""
+        refused, self._refused = self._refused, None
+        if refused is None:
+            super().send_400_response(msg)
+        else:
+            self._refuse(*refused)
+
+    def _count(self, raw: bytes) -> tuple[int, str] | None:
+        """Account for a slice of the head before it is parsed: the refusal when it passes a limit, else None."""
+        limits = self.limits
+        if self._head_bytes == 0:  # the common case, a whole head in one read: checked at C speed
+            end = raw.find(b"\r\n\r\n")
+            if end >= 0:
+                lines = raw[:end].split(b"\r\n")
+                if (
+                    end + 4 <= limits.size
+                    and len(lines) - 1 <= limits.count
+                    and max(map(len, lines)) + 1 <= limits.line
+                ):
+                    self._head_bytes = end + 4
+                    return None
+        start = 0
+        while True:
+            newline = raw.find(b"\n", start)
+            if newline < 0:
+                self._line_bytes += len(raw) - start
+                self._head_bytes += len(raw) - start
+                return self._check_line() or self._check_size()
+            length = self._line_bytes + newline - start
+            self._head_bytes += newline + 1 - start
+            start = newline + 1
+            self._line_bytes = length
+            problem = self._check_line()
+            if problem is not None:
+                return problem
+            self._line_bytes = 0
+            if length <= 1 and self._lines > 0:  # the empty line: the head ends here, a body may follow
+                return self._check_size()
+            self._lines += 1
+            if self._lines - 1 > limits.count:
+                return 431, f"the request has more than max_header_count ({limits.count}) headers"
+
+    def _check_line(self) -> tuple[int, str] | None:
+        line = self.limits.line
+        if self._line_bytes <= line:
+            return None
+        if self._lines == 0:
+            return 414, f"the request line is longer than max_header_line_size ({line} bytes)"
+        return 431, f"a header line is longer than max_header_line_size ({line} bytes)"
+
+    def _check_size(self) -> tuple[int, str] | None:
+        if self._head_bytes <= self.limits.size:
+            return None
+        return 431, f"the request's headers are larger than max_header_size ({self.limits.size} bytes)"
+
+    # ---- parser callbacks ----------------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._in_head:  # a later request on a kept-alive connection: its head starts now
+            self._in_head = True
+            self._head_bytes = self._line_bytes = self._lines = 0
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                codings = [c.strip().lower() for c in value.split(b",") if c.strip()]
+                unknown = [c.decode("latin-1") for c in codings if c != b"chunked"]
+                if unknown:
+                    self._refused = 501, f"Transfer-Encoding {', '.join(unknown)} is not supported (only chunked)"
+                    raise _Refused(*self._refused)  # the parser stops; send_400_response answers it
+        self._in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    # ---- refusals and the head's timer ---------------------------------------------------------------------------
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._cancel_head_timer()
+        self._in_head = False
+        if self.transport.is_closing():
+            return
+        self.transport.write(refusal(status, message, getattr(self, "url", b"")))
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()  # the answer, then FIN; the client's further bytes are dropped until it closes
+        self._lingering = 0
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self.transport.is_closing():
+            return
+        if self._head_bytes:
+            seconds = f"{self.limits.timeout_s:g}"
+            self._refuse(408, f"the request's headers did not arrive within header_timeout_ms ({seconds} s)")
+        else:
+            self.transport.close()  # a connection that never sent a byte: nobody to answer
+
+
+def guarded_protocol(limits: HeaderLimits, direct: DirectMatch | None = None) -> type[GuardedHttpToolsProtocol]:
+    """The protocol class to give ``uvicorn.Config(http=...)`` for these limits (and these direct routes)."""
+    routes = None if direct is None else staticmethod(direct)  # a plain function would be bound as a method
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits, "direct": routes})
+
+
+__all__ = ["SLICE", "GuardedHttpToolsProtocol", "HeaderLimits", "guarded_protocol", "refusal"]
