@@ -190,6 +190,11 @@ class Gateway:
             raise self._not_loaded_yet(exc, call.model) from None
         return self.answered(call, caller, job, result)
 
+    @property
+    def submits(self) -> bool:
+        """Whether the backend has :meth:`submit`'s way in (the native backend; Ray's has ``infer`` only)."""
+        return self._submit is not None
+
     def submit(self, call: Call, caller: Caller) -> tuple[asyncio.Future[InferResult], InferRequest] | None:
         """:meth:`infer`'s way in without a coroutine (a direct route's, ``api/rest.py``): the backend's future for
         the call and the request it queued, to be settled with :meth:`settled`; None where the backend has no such

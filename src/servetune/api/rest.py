@@ -108,10 +108,12 @@ class WholeResponse(Response):
     without ``content-length``), and written in one go with its body by servetune's HTTP protocol
     (``http1.WRITE_WHOLE_KEY``); under another server (Ray's proxy) sent as ASGI messages like any response."""
 
+    body: bytes  # always whole bytes here (Starlette's Response allows a memoryview)
+
     def __init__(self, body: bytes, status: int, fields: list[tuple[bytes, bytes]]) -> None:
         self.status_code = status
         self.background = None
-        self.body = self.whole = body
+        self.body = body
         self.fields = fields
 
     @property
@@ -123,7 +125,7 @@ class WholeResponse(Response):
         if whole is None:
             await super().__call__(scope, receive, send)
         else:
-            await whole(self.status_code, self.fields, self.whole)
+            await whole(self.status_code, self.fields, self.body)
 
 
 _NO_CACHE_FIELDS = tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in NO_CACHE_HEADERS.items())
@@ -331,7 +333,7 @@ def route(
 
     made = GatewayRoute(path, guarded, methods=list(methods))
     made.direct = direct
-    if direct and prepare is not None:
+    if direct and prepare is not None and gateway.submits:
         made.start = DirectCall(gateway, access, errors, prepare, render).start
     return made
 
@@ -341,7 +343,8 @@ class DirectCall:
     endpoint do, without a coroutine: the token, the body within ``max_request_size``, the route's ``prepare``, the
     gateway's ``submit``; the answer, rendered, written from the future's callback in one write. Every rule of the
     ASGI way holds (the error shapes, the status count, 499 for a client gone before its batch was sent); a request
-    ``prepare`` or the backend cannot take this way (a form body, Ray) is handed to the regular app."""
+    ``prepare`` declines (a form body) is handed to the regular app. Made only over a backend that can ``submit``
+    (not Ray's: its requests never wait below ASGI)."""
 
     __slots__ = ("gateway", "access", "errors", "prepare", "render")
 
@@ -391,7 +394,7 @@ class DirectCall:
                 response = PlainTextResponse("Internal Server Error", status_code=500)
         self.gateway.count(self.access, response.status_code)
         if isinstance(response, WholeResponse):
-            cycle.write_now(response.status_code, response.fields, response.whole)
+            cycle.write_now(response.status_code, response.fields, response.body)
         else:
             cycle.run(response)
 
