@@ -11,7 +11,10 @@ P99 in microseconds and the load average; at the end, per tree, the median and t
 each tree's median P50 against the first tree's (the ratio of medians and the median of the pairwise ratios).
 ``--ab C`` adds to each run a closed loop of ``ab -k -c C`` (TorchServe's benchmark method) for as long: its
 requests/s and the server's CPU per request (frontend and workers) at that concurrency, summarised the same way.
-``--json FILE`` writes the runs.
+``--fresh`` starts a new server for every run (and stops it after), so that where one server's processes happened to
+land (which cores, which memory) is not carried through every pair of the run: two servers of the same tree, kept up
+for a whole run (an A/A run, 4 pairs), measured 1.14x apart in their median P50 and 1.16x in worker CPU per request
+on this 2-core VM on 2026-12-06. ``--json FILE`` writes the runs.
 """
 
 from __future__ import annotations
@@ -138,6 +141,9 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--ab", type=int, default=0, help="then ab -k at this concurrency per run (0: none)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="a new server (and worker) for every run, not one per tree for the run"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.ab and shutil.which("ab") is None:
@@ -153,15 +159,22 @@ def main() -> int:
         body = Path(tmp) / "body.txt"
         body.write_text("hi")
         servers: dict[str, EmbeddedServer] = {}
+
+        def serve(name: str, src: str) -> None:
+            server = EmbeddedServer(store, {"noop": "noop.mar"}, {"default_workers_per_model": "1"})
+            server.env["PYTHONPATH"] = src
+            servers[name] = server.start()
+
         try:
-            for name, src in trees:
-                server = EmbeddedServer(store, {"noop": "noop.mar"}, {"default_workers_per_model": "1"})
-                server.env["PYTHONPATH"] = src
-                servers[name] = server.start()
+            if not args.fresh:
+                for name, src in trees:
+                    serve(name, src)
             runs: list[dict[str, object]] = []
             for pair in range(args.pairs):
                 order = trees if pair % 2 == 0 else trees[::-1]
-                for name, _ in order:
+                for name, src in order:
+                    if args.fresh:
+                        serve(name, src)
                     pid = servers[name].proc.pid  # type: ignore[union-attr]
                     before = server_cpu_s(pid)
                     samples = measure(servers[name].inference_url, args.seconds)
@@ -196,6 +209,8 @@ def main() -> int:
                         )
                     runs.append(row)
                     print(line, flush=True)
+                    if args.fresh:
+                        servers.pop(name).stop()
         finally:
             for server in servers.values():
                 server.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import re
 import socket
 import statistics
 import textwrap
@@ -168,6 +169,98 @@ def test_connections_that_never_finish_their_headers_are_closed(server: Embedded
     assert status_of(answer) == 408 and "header_timeout_ms" in body_of(answer)["message"]
     assert limit - 0.2 < seconds < limit + 5, seconds
     assert nothing == b"" and limit - 0.2 < silent_seconds < limit + 5, silent_seconds  # closed, no answer
+
+
+def _answered_then(url: str, later: bytes, wait_s: float = 10.0) -> tuple[bytes, bytes]:
+    """A ping answered on a kept-alive connection, then ``later`` in a second write: the first answer, and what came
+    after it until the server closed."""
+    with socket.create_connection(address(url), timeout=wait_s) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while b"}" not in first:  # the ping's JSON body ends the first answer
+            first += sock.recv(65536)
+        try:
+            sock.sendall(later)
+        except OSError:
+            pass  # refused mid-way: the answer may be waiting
+        rest = b""
+        try:
+            while chunk := sock.recv(65536):
+                rest += chunk
+        except ConnectionResetError:
+            pass
+    return first, rest
+
+
+def test_the_head_limits_hold_for_every_request_of_a_kept_alive_connection(server: EmbeddedServer) -> None:
+    url, big = server.inference_url, b"X-Big: " + b"a" * 9000 + b"\r\n"
+    # a later request, in a write of its own (they went uncounted: a kept-alive connection's second head was served)
+    first, rest = _answered_then(url, b"GET /ping HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+    assert status_of(first) == 200
+    assert status_of(rest) == 431 and "max_header_line_size" in body_of(rest)["message"], rest[:300]
+    start = time.monotonic()  # 20 MB of header: refused after the first slices, never buffered whole
+    _, rest = _answered_then(url, b"GET /ping HTTP/1.1\r\nX-Big: " + b"a" * 20_000_000 + b"\r\n\r\n")
+    assert status_of(rest) == 431 and time.monotonic() - start < 5
+    # pipelined behind a body in the same write: the body is the first request's, the head after it is counted
+    body = b"POST /ping HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+    answers, _ = raw_exchange(url, body + b"GET /ping HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+    assert answers.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 431" in answers, answers[:600]
+    # behind a chunked body in the same write, the next head is counted from the following read on (one read at most
+    # goes uncounted): 20 MB of header still refused after the first slices
+    chunked = b"POST /ping HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    start = time.monotonic()
+    with socket.create_connection(address(url), timeout=10) as sock:
+        sock.sendall(chunked + b"GET /ping HTTP/1.1\r\nX-Big: ")
+        time.sleep(0.2)  # a read of its own for what follows
+        try:
+            sock.sendall(b"a" * 20_000_000 + b"\r\n\r\n")
+        except OSError:
+            pass  # refused mid-way: the answer is waiting
+        answers = b""
+        try:
+            while chunk := sock.recv(65536):
+                answers += chunk
+        except ConnectionResetError:
+            pass
+    # (414 or 431: where the uncounted read ended, in the request line or after it, is the parser's to know)
+    assert answers.count(b"HTTP/1.1 ") == 2 and re.search(rb"HTTP/1.1 (414|431)", answers), answers[:600]
+    assert time.monotonic() - start < 5
+    # and a pipelined request within the limits is served
+    answers, _ = raw_exchange(url, body + b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answers.count(b"HTTP/1.1 ") == 2 and answers.count(b"HTTP/1.1 200") >= 1, answers[:600]
+
+
+def _kept_alive_then_stalled(url: str, wait_s: float) -> tuple[bytes, bytes, float]:
+    """A request answered on a kept-alive connection, then, in a later write, the start of a head never finished: the
+    first answer, what came after it until the server closed, and the seconds from the stalled head's write."""
+    with socket.create_connection(address(url), timeout=wait_s) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while b"}" not in first:  # the ping's JSON body ends the first answer
+            first += sock.recv(65536)
+        start = time.monotonic()
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
+        rest = b""
+        while chunk := sock.recv(65536):
+            rest += chunk
+    return first, rest, time.monotonic() - start
+
+
+def test_a_later_head_on_a_kept_alive_connection_has_its_own_time(server: EmbeddedServer) -> None:
+    limit = HEADER_TIMEOUT_MS / 1000
+    with ThreadPoolExecutor(2) as pool:  # both at once: one wait
+        later = pool.submit(_kept_alive_then_stalled, server.inference_url, limit + 10)
+        # pipelined: a whole request and the start of the next in one write
+        pipelined = pool.submit(
+            raw_exchange, server.inference_url, b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\n",
+            wait_s=limit + 10,
+        )  # fmt: skip
+        (first, rest, seconds), (answers, pipelined_seconds) = later.result(), pipelined.result()
+    assert status_of(first) == 200
+    assert status_of(rest) == 408 and "header_timeout_ms" in body_of(rest)["message"]
+    assert limit - 0.2 < seconds < limit + 5, seconds
+    assert answers.count(b"HTTP/1.1 200") == 1 and answers.count(b"HTTP/1.1 408") == 1, answers[:500]
+    assert limit - 0.2 < pipelined_seconds < limit + 5, pipelined_seconds
 
 
 def test_a_transfer_coding_other_than_chunked_is_501(server: EmbeddedServer) -> None:

@@ -14,8 +14,12 @@ buffers it: size, line length, header count, the time to finish it, and transfer
   coding would reach the handler undecoded).
 
 While the head is incomplete, data is handed to the parser in slices of at most :data:`SLICE` bytes and the counts
-are checked between slices, so a refused head costs at most the limit plus one slice; once the head is complete the
-rest of a read goes to the parser whole (no cost on bodies). Error bodies take the API's shape: ``{"error": ...}``
+are checked between slices, so a refused head costs at most the limit plus one slice; once the head is complete its
+body goes to the parser whole (no cost on bodies). Every request of a kept-alive connection is held to the limits:
+a read is split where the body its head declared ends, and what follows is the next request's head, counted the same
+way (a chunked body's read goes whole, so the head of a request pipelined into that same read is counted from the
+next read on: at most one read uncounted). A refusal waits for the answers to the requests before it on the
+connection (pipelined), so that answers go out in order. Error bodies take the API's shape: ``{"error": ...}``
 under ``/v1/`` and ``/v2/`` (KServe), TorchServe's ``{"code", "type", "message"}`` elsewhere.
 """
 
@@ -23,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.config import Config
 from uvicorn.server import ServerState
@@ -85,6 +90,32 @@ def refusal(status: int, message: str, url: bytes) -> bytes:
     return head.encode("latin-1") + body
 
 
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,18})[ \t]*\r\n", re.IGNORECASE)
+
+
+def _only_its_body(raw: bytes, end: int) -> bool:
+    """Whether what follows the head ending at ``end`` in ``raw`` is at most the body the head declares, so that the
+    parser can take the whole slice at once (one call per request). A hint only: where the rest may hold the start
+    of another request (or the head declares no length), the slice is split at the head's end, and the parser's own
+    reading of the head (``_body_left``) decides what the rest is."""
+    declared = _CONTENT_LENGTH.search(raw, 0, end)
+    return declared is not None and len(raw) - end <= int(declared.group(1))
+
+
+def _body_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body a request's head declares: its ``Content-Length`` (0 without one), None when chunked (the parser
+    checked the values: one valid length, no length beside a transfer coding)."""
+    length = 0
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            if not value.strip().isdigit():
+                return None  # not a length (the parser would have refused it): the read goes to it whole
+            length = int(value)
+    return length
+
+
 class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
     """uvicorn's httptools protocol with :class:`HeaderLimits` (see the module); ``limits`` is set on the subclass
     :func:`guarded_protocol` makes."""
@@ -105,6 +136,11 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         self._lines = 0  # finished lines of this head (the request line, then one per header)
         self._refused: tuple[int, str] | None = None  # set by a parser callback that refuses the request
         self._head_timer: asyncio.TimerHandle | None = None
+        # the bytes of the request's body still to come (its Content-Length), None for a chunked one: a read of a
+        # kept-alive connection is split where the body ends, and what follows is counted as the next head
+        self._body_left: int | None = 0
+        self._head_end = -1  # where the head ends in the slice ``_count`` saw last (-1: not in it)
+        self._held: tuple[int, str] | None = None  # a refusal waiting for the answers before it (``_refuse_in_turn``)
         self._lingering = -1  # bytes dropped since the refusal; -1: not refused
 
     # ---- the connection ------------------------------------------------------------------------------------------
@@ -118,23 +154,47 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._receive(data)
+        # A head that began in this read and is not complete at its end: its time runs from now (one timer per
+        # unfinished head, rather than one armed and cancelled for every request whose head came whole)
+        if self._in_head and self._head_timer is None and self._lingering < 0 and not self.transport.is_closing():
+            self._arm_head_timer()
+
+    def _receive(self, data: bytes) -> None:
         if self._lingering >= 0:  # refused: drop what still arrives, within bounds
             self._lingering += len(data)
             if self._lingering > LINGER_BYTES:
                 self.transport.close()
             return
-        view = memoryview(data)
-        while len(view):
+        view, pos, size = memoryview(data), 0, len(data)
+        while pos < size:
             if not self._in_head:
-                super().data_received(view.tobytes())  # a body (and what follows it): whole, as uvicorn reads it
-                return
-            piece, view = view[:SLICE], view[SLICE:]
-            raw = piece.tobytes()
+                upgraded = self.transport.get_protocol()
+                if upgraded is not self:  # the head asked for another protocol (a websocket): the rest is its
+                    cast(asyncio.Protocol, upgraded).data_received(view[pos:].tobytes())
+                    return
+                left = self._body_left
+                if left is None:  # a chunked body: the rest of the read to the parser whole, as uvicorn reads it
+                    super().data_received(data if pos == 0 else view[pos:].tobytes())
+                    return
+                if left > 0:  # the request's body, to the parser whole; what follows it is the next request's head
+                    end = min(size, pos + left)
+                    super().data_received(data if pos == 0 and end == size else view[pos:end].tobytes())
+                    pos = end
+                    if self.transport.is_closing():
+                        return
+                    continue
+                self._begin_head()  # the body is in: these bytes begin the next request's head, counted as they come
+            raw = view[pos : pos + SLICE].tobytes()
             problem = self._count(raw)
             if problem is not None:
-                self._refuse(*problem)
+                self._refuse_in_turn(*problem)
                 return
+            end = self._head_end
+            if 0 <= end < len(raw) and not _only_its_body(raw, end):  # the next request may follow: the head alone
+                raw = raw[:end]
             super().data_received(raw)
+            pos += len(raw)
             if self.transport.is_closing():
                 return
 
@@ -144,11 +204,12 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         if refused is None:
             super().send_400_response(msg)
         else:
-            self._refuse(*refused)
+            self._refuse_in_turn(*refused)
 
     def _count(self, raw: bytes) -> tuple[int, str] | None:
         """Account for a slice of the head before it is parsed: the refusal when it passes a limit, else None."""
         limits = self.limits
+        self._head_end = -1
         if self._head_bytes == 0:  # the common case, a whole head in one read: checked at C speed
             end = raw.find(b"\r\n\r\n")
             if end >= 0:
@@ -158,7 +219,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
                     and len(lines) - 1 <= limits.count
                     and max(map(len, lines)) + 1 <= limits.line
                 ):
-                    self._head_bytes = end + 4
+                    self._head_bytes = self._head_end = end + 4
                     return None
         start = 0
         while True:
@@ -176,6 +237,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
                 return problem
             self._line_bytes = 0
             if length <= 1 and self._lines > 0:  # the empty line: the head ends here, a body may follow
+                self._head_end = start
                 return self._check_size()
             self._lines += 1
             if self._lines - 1 > limits.count:
@@ -198,10 +260,20 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if not self._in_head:  # a later request on a kept-alive connection: its head starts now
-            self._in_head = True
-            self._head_bytes = self._line_bytes = self._lines = 0
-            self._arm_head_timer()
+        if not self._in_head:  # the next request began within a chunked body's read (see ``_receive``)
+            self._begin_head()
+            self._head_bytes = 1  # its bytes in that read went uncounted (one read at most); some did come
+
+    def _begin_head(self) -> None:
+        """A later request on a kept-alive connection: its head starts now (its timer is armed at the end of this read
+        if the head is still unfinished then)."""
+        self._in_head = True
+        self._head_bytes = self._line_bytes = self._lines = 0
+
+    def on_body(self, body: bytes) -> None:
+        if self._body_left:
+            self._body_left -= len(body)
+        super().on_body(body)
 
     def on_headers_complete(self) -> None:
         for name, value in self.headers:
@@ -212,6 +284,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
                     self._refused = 501, f"Transfer-Encoding {', '.join(unknown)} is not supported (only chunked)"
                     raise _Refused(*self._refused)  # the parser stops; send_400_response answers it
         self._in_head = False
+        self._body_left = _body_length(self.headers)
         self._cancel_head_timer()
         super().on_headers_complete()
 
@@ -230,6 +303,28 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         self._lingering = 0
         self.loop.call_later(LINGER_S, self.transport.close)
 
+    def _refuse_in_turn(self, status: int, message: str) -> None:
+        """:meth:`_refuse` the head being read, at once or, when a request before it on the connection is still being
+        answered (pipelined), right after that answer: answers go out in order. What arrives meanwhile is dropped."""
+        if self._answering():
+            self._cancel_head_timer()
+            self._in_head = False
+            self._lingering = 0
+            self._held = (status, message)
+            return
+        self._refuse(status, message)
+
+    def _answering(self) -> bool:
+        cycle = self.cycle
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        held = self._held
+        if held is not None and not self._answering():
+            self._held = None
+            self._refuse(*held)
+
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
         self._head_timer = self.loop.call_later(self.limits.timeout_s, self._head_timed_out)
@@ -245,7 +340,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
             return
         if self._head_bytes:
             seconds = f"{self.limits.timeout_s:g}"
-            self._refuse(408, f"the request's headers did not arrive within header_timeout_ms ({seconds} s)")
+            self._refuse_in_turn(408, f"the request's headers did not arrive within header_timeout_ms ({seconds} s)")
         else:
             self.transport.close()  # a connection that never sent a byte: nobody to answer
 
