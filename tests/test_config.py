@@ -58,6 +58,7 @@ def test_server_defaults_are_safe() -> None:
     assert config.job_queue_size == 100 and config.max_request_size == 6553500
     assert (config.max_header_line_size, config.max_header_size, config.max_header_count) == (8192, 65536, 100)
     assert config.header_timeout_ms == 20000
+    assert config.body_timeout_ms == 60000
     limits = ServerConfig.from_properties({"max_tensor_elements": "10", "max_tensor_dims": "3"}).tensor_limits
     assert (limits.max_elements, limits.max_dims, limits.max_empty_span) == (10, 3, 65536)
 
@@ -85,6 +86,7 @@ def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
         ("worker_preload", "always", "worker_preload='always': expected one of auto, model, imports, off"),
         ("max_header_size", "10", "must be >= 64"),
         ("header_timeout_ms", "0", "must be >= 1"),
+        ("body_timeout_ms", "0", "must be >= 1"),
         ("max_tensor_dims", "65", "must be <= 64"),
     ],
 )

@@ -31,6 +31,7 @@ from servetune.protos import OIP, TORCHSERVE_INFERENCE, methods
 from servetune.tensors import InferenceRequest, Tensor, encode_request, parse_response
 
 HEADER_TIMEOUT_MS = 1500
+BODY_TIMEOUT_MS = 1500
 JSON = {"Content-Type": "application/json"}
 
 PROBE = textwrap.dedent(
@@ -66,6 +67,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]
         "default_workers_per_model": "1",
         "disable_token_authorization": "false",
         "header_timeout_ms": str(HEADER_TIMEOUT_MS),
+        "body_timeout_ms": str(BODY_TIMEOUT_MS),
     }
     running = EmbeddedServer(store, {"probe": "probe.mar"}, properties, workdir=tmp_path_factory.mktemp("server"))
     running.start()
@@ -261,6 +263,55 @@ def test_a_later_head_on_a_kept_alive_connection_has_its_own_time(server: Embedd
     assert limit - 0.2 < seconds < limit + 5, seconds
     assert answers.count(b"HTTP/1.1 200") == 1 and answers.count(b"HTTP/1.1 408") == 1, answers[:500]
     assert limit - 0.2 < pipelined_seconds < limit + 5, pipelined_seconds
+
+
+def _stalled_body(
+    url: str, path: str, declared: int, sent: int, *, steps: int = 0, wait_s: float = 15.0
+) -> tuple[bytes, float]:
+    """A POST declaring ``declared`` bytes of body, of which ``sent`` come at once and then ``steps`` more bytes, one
+    every half a timeout; then nothing. The answer (read until the server closes), the seconds from the last byte."""
+    with socket.create_connection(address(url), timeout=wait_s) as sock:
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % declared + b"a" * sent)
+        for _ in range(steps):
+            time.sleep(BODY_TIMEOUT_MS / 2000)
+            sock.sendall(b"a")
+        last = time.monotonic()
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer, time.monotonic() - last
+
+
+def test_a_body_that_stops_coming_is_refused_and_its_connection_closed(server: EmbeddedServer) -> None:
+    limit = BODY_TIMEOUT_MS / 1000
+    url = server.inference_url
+    with ThreadPoolExecutor(4) as pool:  # all at once: one wait
+        cases = {
+            # a prediction's small body: waited for below ASGI, never started
+            "direct": pool.submit(_stalled_body, url, "/predictions/probe", 100, 10),
+            # a body past 64 KiB: read by the ASGI route (an OIP request)
+            "asgi": pool.submit(_stalled_body, url, "/v2/models/probe/infer", 200_000, 100_000),
+            # a body that keeps coming, a byte every half a timeout, for longer than one timeout, then stops
+            "trickle": pool.submit(_stalled_body, url, "/predictions/probe", 100, 10, steps=4),
+            # the token is refused before the body is read (401): the connection is closed, nothing more is sent
+            "answered": pool.submit(_stalled_body, server.management_url, "/models", 100, 10),
+        }
+        results = {name: future.result() for name, future in cases.items()}
+    for name in ("direct", "asgi", "trickle"):
+        answer, seconds = results[name]
+        assert status_of(answer) == 408 and "body_timeout_ms" in answer.decode(), (name, answer[:300])
+        assert limit - 0.2 < seconds < limit + 5, (name, seconds)
+    assert b'"error"' in results["asgi"][0]  # the OIP route's shape
+    answer, seconds = results["answered"]
+    assert answer.count(b"HTTP/1.1 ") == 1 and status_of(answer) in (400, 401, 405), answer[:300]
+    assert seconds < limit + 5
+    # the server goes on: a whole request on a new connection is answered
+    answers, _ = raw_exchange(url, b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status_of(answers) == 200
 
 
 def test_a_transfer_coding_other_than_chunked_is_501(server: EmbeddedServer) -> None:

@@ -1,5 +1,5 @@
 """The HTTP protocol every API runs on (:func:`guarded_protocol`'s class): ``api/http1.py``'s, with limits on a
-request's head.
+request's head and on how long its body may stall.
 
 **Limits on a request's head** (:class:`GuardedHttpToolsProtocol`), checked where its bytes arrive, before uvicorn
 buffers it: size, line length, header count, the time to finish it, and transfer codings.
@@ -10,6 +10,9 @@ buffers it: size, line length, header count, the time to finish it, and transfer
   :data:`LINGER_S` first, so that a reset does not destroy the answer);
 - the head finished within ``timeout_s`` of the connection opening (first request) or of its first byte (later
   requests on a kept-alive connection): else **408** Request Timeout (or a plain close when nothing was sent);
+- a body that sends no byte for ``body_timeout_s`` (between two reads, as nginx's ``client_body_timeout``): **408**,
+  then the connection closes, its request dropped as a client that went away is (closed without an answer when the
+  request was answered already); time while the server itself stopped reading does not count;
 - ``Transfer-Encoding`` other than ``chunked``: **501** Not Implemented (RFC 9112 section 6.1; a gzip transfer
   coding would reach the handler undecoded).
 
@@ -57,13 +60,14 @@ _TYPES = {
 
 @dataclass(frozen=True)
 class HeaderLimits:
-    """What one request's head may be (config keys ``max_header_line_size``, ``max_header_size``,
-    ``max_header_count``, ``header_timeout_ms``; docs/limits.md)."""
+    """What one request's head may be, and how long its body may stall (config keys ``max_header_line_size``,
+    ``max_header_size``, ``max_header_count``, ``header_timeout_ms``, ``body_timeout_ms``; docs/limits.md)."""
 
     line: int = 8192
     size: int = 65536
     count: int = 100
     timeout_s: float = 20.0
+    body_timeout_s: float = 60.0  # the longest wait between two reads of a body (nginx's client_body_timeout)
 
 
 class _Refused(Exception):
@@ -141,6 +145,9 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         self._body_left: int | None = 0
         self._head_end = -1  # where the head ends in the slice ``_count`` saw last (-1: not in it)
         self._held: tuple[int, str] | None = None  # a refusal waiting for the answers before it (``_refuse_in_turn``)
+        self._in_body = False  # a request's head is in and its body is still coming
+        self._body_read = 0.0  # the loop's time of the last read while in a body
+        self._body_timer: asyncio.TimerHandle | None = None
         self._lingering = -1  # bytes dropped since the refusal; -1: not refused
 
     # ---- the connection ------------------------------------------------------------------------------------------
@@ -151,6 +158,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._end_body()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -159,6 +167,10 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         # unfinished head, rather than one armed and cancelled for every request whose head came whole)
         if self._in_head and self._head_timer is None and self._lingering < 0 and not self.transport.is_closing():
             self._arm_head_timer()
+        elif self._in_body and self._lingering < 0:  # a body that takes more than this read: it may not stall
+            self._body_read = self.loop.time()
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_stalled)
 
     def _receive(self, data: bytes) -> None:
         if self._lingering >= 0:  # refused: drop what still arrives, within bounds
@@ -285,8 +297,43 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
                     raise _Refused(*self._refused)  # the parser stops; send_400_response answers it
         self._in_head = False
         self._body_left = _body_length(self.headers)
+        self._in_body = self._body_left != 0
         self._cancel_head_timer()
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._end_body()
+        super().on_message_complete()
+
+    def _end_body(self) -> None:
+        self._in_body = False
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_stalled(self) -> None:
+        """No byte of the body for ``body_timeout_s``: 408 and close (the request is dropped as a client that went
+        away is), unless it is the server that stopped reading (a full buffer, a pipelined request's turn)."""
+        self._body_timer = None
+        if not self._in_body or self.transport.is_closing():
+            return
+        now, timeout = self.loop.time(), self.limits.body_timeout_s
+        if self.flow.read_paused:  # the server's doing: the client's time starts again once reading resumes
+            self._body_read = now
+        if now - self._body_read < timeout:
+            self._body_timer = self.loop.call_later(timeout - (now - self._body_read), self._body_stalled)
+            return
+        self._in_body = False
+        self._deferred = None  # a direct route's request waiting for this body: never started
+        cycle = self.cycle
+        if cycle is not None:
+            if cycle.response_started:  # answered already (a 401, a 413) or answering: nothing more to say
+                self.transport.close()
+                return
+            cycle.disconnected = True  # its app's ``receive`` says the client is gone; its answer is not written
+            cycle.message_event.set()
+        seconds = f"{self.limits.body_timeout_s:g}"
+        self._refuse(408, f"no byte of the request's body arrived for body_timeout_ms ({seconds} s)")
 
     # ---- refusals and the head's timer ---------------------------------------------------------------------------
 

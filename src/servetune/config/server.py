@@ -163,6 +163,7 @@ class ServerConfig:
     max_header_size: int = 65536  # the request line and every header, bytes: 431
     max_header_count: int = 100  # headers in one request: 431
     header_timeout_ms: int = 20000  # from a connection's start (or a request's first byte) to its last header: 408
+    body_timeout_ms: int = 60000  # the longest wait between two reads of a request's body: 408
     max_tensor_elements: int = 16_777_216  # one tensor's elements (a 0 dimension counted as 1): 413
     max_tensor_dims: int = 32  # one tensor's dimensions: 413
     max_empty_tensor_span: int = 65536  # an empty tensor's other dimensions multiplied (its nested form's lists): 413
@@ -347,6 +348,7 @@ _INT_KEYS = {
     "max_header_size": 64,
     "max_header_count": 1,
     "header_timeout_ms": 1,
+    "body_timeout_ms": 1,
     "max_tensor_elements": 1,
     "max_tensor_dims": 1,
     "max_empty_tensor_span": 1,
