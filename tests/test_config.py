@@ -59,6 +59,10 @@ def test_server_defaults_are_safe() -> None:
     assert (config.max_header_line_size, config.max_header_size, config.max_header_count) == (8192, 65536, 100)
     assert config.header_timeout_ms == 20000
     assert config.body_timeout_ms == 60000
+    assert config.incoming_bytes == 1 << 30  # bodies arriving at once, per port: 1 GiB, or 4 of max_request_size
+    assert ServerConfig.from_properties({"max_request_size": str(1 << 30)}).incoming_bytes == 4 << 30
+    with pytest.raises(ConfigError, match="max_incoming_bytes=1000 is less than max_request_size=6553500"):
+        ServerConfig.from_properties({"max_incoming_bytes": "1000"})
     limits = ServerConfig.from_properties({"max_tensor_elements": "10", "max_tensor_dims": "3"}).tensor_limits
     assert (limits.max_elements, limits.max_dims, limits.max_empty_span) == (10, 3, 65536)
 

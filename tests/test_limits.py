@@ -87,17 +87,27 @@ def raw_exchange(url: str, head: bytes, *, wait_s: float = 10.0) -> tuple[bytes,
     server closes (``b""`` if it closes without one) and the seconds it took."""
     start = time.monotonic()
     with socket.create_connection(address(url), timeout=wait_s) as sock:
-        try:
-            sock.sendall(head)
-        except OSError:
-            pass  # refused mid-way: the answer may be waiting
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
+        answer = send_and_read(sock, head)
     return answer, time.monotonic() - start
+
+
+def send_and_read(sock: socket.socket, data: bytes) -> bytes:
+    """Send ``data`` (as much as the server takes before it closes), then what the server sends until it closes."""
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass  # refused mid-way: the answer may be waiting
+    return read_until_closed(sock)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
 
 
 def status_of(answer: bytes) -> int:
@@ -181,17 +191,7 @@ def _answered_then(url: str, later: bytes, wait_s: float = 10.0) -> tuple[bytes,
         first = b""
         while b"}" not in first:  # the ping's JSON body ends the first answer
             first += sock.recv(65536)
-        try:
-            sock.sendall(later)
-        except OSError:
-            pass  # refused mid-way: the answer may be waiting
-        rest = b""
-        try:
-            while chunk := sock.recv(65536):
-                rest += chunk
-        except ConnectionResetError:
-            pass
-    return first, rest
+        return first, send_and_read(sock, later)
 
 
 def test_the_head_limits_hold_for_every_request_of_a_kept_alive_connection(server: EmbeddedServer) -> None:
@@ -214,16 +214,7 @@ def test_the_head_limits_hold_for_every_request_of_a_kept_alive_connection(serve
     with socket.create_connection(address(url), timeout=10) as sock:
         sock.sendall(chunked + b"GET /ping HTTP/1.1\r\nX-Big: ")
         time.sleep(0.2)  # a read of its own for what follows
-        try:
-            sock.sendall(b"a" * 20_000_000 + b"\r\n\r\n")
-        except OSError:
-            pass  # refused mid-way: the answer is waiting
-        answers = b""
-        try:
-            while chunk := sock.recv(65536):
-                answers += chunk
-        except ConnectionResetError:
-            pass
+        answers = send_and_read(sock, b"a" * 20_000_000 + b"\r\n\r\n")
     # (414 or 431: where the uncounted read ended, in the request line or after it, is the parser's to know)
     assert answers.count(b"HTTP/1.1 ") == 2 and re.search(rb"HTTP/1.1 (414|431)", answers), answers[:600]
     assert time.monotonic() - start < 5
@@ -235,16 +226,8 @@ def test_the_head_limits_hold_for_every_request_of_a_kept_alive_connection(serve
 def _kept_alive_then_stalled(url: str, wait_s: float) -> tuple[bytes, bytes, float]:
     """A request answered on a kept-alive connection, then, in a later write, the start of a head never finished: the
     first answer, what came after it until the server closed, and the seconds from the stalled head's write."""
-    with socket.create_connection(address(url), timeout=wait_s) as sock:
-        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-        first = b""
-        while b"}" not in first:  # the ping's JSON body ends the first answer
-            first += sock.recv(65536)
-        start = time.monotonic()
-        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
-        rest = b""
-        while chunk := sock.recv(65536):
-            rest += chunk
+    start = time.monotonic()  # (the ping before it takes milliseconds)
+    first, rest = _answered_then(url, b"GET /ping HTTP/1.1\r\nHost: x\r\n", wait_s)
     return first, rest, time.monotonic() - start
 
 
@@ -277,12 +260,7 @@ def _stalled_body(
             time.sleep(BODY_TIMEOUT_MS / 2000)
             sock.sendall(b"a")
         last = time.monotonic()
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
+        answer = read_until_closed(sock)
     return answer, time.monotonic() - last
 
 
@@ -312,6 +290,65 @@ def test_a_body_that_stops_coming_is_refused_and_its_connection_closed(server: E
     # the server goes on: a whole request on a new connection is answered
     answers, _ = raw_exchange(url, b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert status_of(answers) == 200
+
+
+INCOMING = 250_000  # the crowded server's max_incoming_bytes: two bodies of 90 KB arriving fit, three do not
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    store = tmp_path_factory.mktemp("crowded")
+    handler_archive(store, "probe", "probe_handler.py", PROBE, {"batchSize": 1})
+    properties = {"default_workers_per_model": "1", "max_request_size": "100000", "max_incoming_bytes": str(INCOMING)}
+    running = EmbeddedServer(store, {"probe": "probe.mar"}, properties, workdir=tmp_path_factory.mktemp("crowded-run"))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def _begin_body(url: str, size: int = 90_000) -> tuple[socket.socket, bytes]:
+    """A prediction whose body is half sent (it spans reads: it counts as arriving); the socket and the rest."""
+    sock = socket.create_connection(address(url), timeout=10)
+    head = b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    head += b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % size
+    sock.sendall(head + b"a" * (size // 2))
+    return sock, b"a" * (size - size // 2)
+
+
+def test_bodies_arriving_at_once_are_bounded_and_each_share_goes_when_its_body_is_in(crowded: EmbeddedServer) -> None:
+    url = crowded.inference_url
+    first, first_rest = _begin_body(url)
+    second, second_rest = _begin_body(url)
+    time.sleep(0.5)  # both read in part: 180,000 bytes declared and arriving
+    third, _ = _begin_body(url)
+    with third:
+        refused = read_until_closed(third)  # 270,000 > 250,000: refused at once, not after its body
+    assert status_of(refused) == 503 and b"retry-after: 1" in refused.lower(), refused[:300]
+    assert "max_incoming_bytes" in body_of(refused)["message"]
+    for sock, rest in ((first, first_rest), (second, second_rest)):
+        with sock:
+            answer = send_and_read(sock, rest)
+        assert status_of(answer) == 200, answer[:300]
+    # their shares went when their bodies were in: bodies that span reads, one after another, are never refused
+    for _ in range(6):
+        sock, rest = _begin_body(url)
+        time.sleep(0.05)
+        with sock:
+            answer = send_and_read(sock, rest)
+        assert status_of(answer) == 200, answer[:300]
+    # so do the shares of bodies whose connections closed before they were in, and of the refused one
+    for _ in range(4):
+        sock, _ = _begin_body(url)
+        time.sleep(0.05)
+        sock.close()
+    time.sleep(0.5)
+    pair = [_begin_body(url), _begin_body(url)]
+    for sock, rest in pair:
+        with sock:
+            answer = send_and_read(sock, rest)
+        assert status_of(answer) == 200, answer[:300]
 
 
 def test_a_transfer_coding_other_than_chunked_is_501(server: EmbeddedServer) -> None:

@@ -13,6 +13,8 @@ buffers it: size, line length, header count, the time to finish it, and transfer
 - a body that sends no byte for ``body_timeout_s`` (between two reads, as nginx's ``client_body_timeout``): **408**,
   then the connection closes, its request dropped as a client that went away is (closed without an answer when the
   request was answered already); time while the server itself stopped reading does not count;
+- the bodies still arriving on the port's connections at most ``incoming_bytes`` in all (:class:`Incoming`): the
+  body that would pass it gets **503** with ``Retry-After: 1`` at once, and its connection closes;
 - ``Transfer-Encoding`` other than ``chunked``: **501** Not Implemented (RFC 9112 section 6.1; a gzip transfer
   coding would reach the handler undecoded).
 
@@ -46,12 +48,14 @@ LINGER_S = 2.0
 LINGER_BYTES = 64 * 1024 * 1024
 _REASONS = {
     408: "Request Timeout",
+    503: "Service Unavailable",
     414: "URI Too Long",
     431: "Request Header Fields Too Large",
     501: "Not Implemented",
 }
 _TYPES = {
     408: "RequestTimeoutException",
+    503: "ServiceUnavailableException",
     414: "RequestHeaderTooLargeException",
     431: "RequestHeaderTooLargeException",
     501: "NotImplementedException",
@@ -68,6 +72,18 @@ class HeaderLimits:
     count: int = 100
     timeout_s: float = 20.0
     body_timeout_s: float = 60.0  # the longest wait between two reads of a body (nginx's client_body_timeout)
+    incoming_bytes: int = 1 << 30  # bytes of bodies still arriving over one port's connections: 503 past it
+
+
+class Incoming:
+    """The bytes of request bodies still arriving on one port's connections, against ``HeaderLimits.incoming_bytes``.
+    A body counts once it takes more than one read: its declared length (chunked: what came of it so far). Its share
+    goes when it is in (its request then holds it, within ``job_queue_size``) or its connection closes."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
 
 
 class _Refused(Exception):
@@ -87,9 +103,10 @@ def refusal(status: int, message: str, url: bytes) -> bytes:
     else:
         payload = {"code": status, "type": _TYPES.get(status, "BadRequestException"), "message": message}
     body = json.dumps(payload).encode()
+    retry = "retry-after: 1\r\n" if status == 503 else ""  # busy: another try, here or elsewhere, may go through
     head = (
         f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\n{retry}connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + body
 
@@ -125,6 +142,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
     :func:`guarded_protocol` makes."""
 
     limits = HeaderLimits()
+    incoming = Incoming()
 
     def __init__(
         self,
@@ -146,6 +164,8 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         self._head_end = -1  # where the head ends in the slice ``_count`` saw last (-1: not in it)
         self._held: tuple[int, str] | None = None  # a refusal waiting for the answers before it (``_refuse_in_turn``)
         self._in_body = False  # a request's head is in and its body is still coming
+        self._body_seen = 0  # bytes of that body received so far
+        self._incoming = 0  # this connection's share of ``incoming`` (the port's bodies still arriving)
         self._body_read = 0.0  # the loop's time of the last read while in a body
         self._body_timer: asyncio.TimerHandle | None = None
         self._lingering = -1  # bytes dropped since the refusal; -1: not refused
@@ -171,6 +191,18 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
             self._body_read = self.loop.time()
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_stalled)
+            self._count_incoming()
+
+    def _count_incoming(self) -> None:
+        """This body's share of the port's bodies still arriving; 503 when they would pass the limit."""
+        left = self._body_left
+        share = self._body_seen + (left if left is not None else 0)
+        incoming = self.incoming
+        incoming.total += share - self._incoming
+        self._incoming = share
+        if incoming.total > self.limits.incoming_bytes:
+            limit = self.limits.incoming_bytes
+            self._abandon_body(503, f"too many request bodies are arriving at once (max_incoming_bytes: {limit})")
 
     def _receive(self, data: bytes) -> None:
         if self._lingering >= 0:  # refused: drop what still arrives, within bounds
@@ -283,6 +315,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         self._head_bytes = self._line_bytes = self._lines = 0
 
     def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
         if self._body_left:
             self._body_left -= len(body)
         super().on_body(body)
@@ -298,6 +331,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         self._in_head = False
         self._body_left = _body_length(self.headers)
         self._in_body = self._body_left != 0
+        self._body_seen = 0
         self._cancel_head_timer()
         super().on_headers_complete()
 
@@ -310,6 +344,9 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
+        if self._incoming:
+            self.incoming.total -= self._incoming
+            self._incoming = 0
 
     def _body_stalled(self) -> None:
         """No byte of the body for ``body_timeout_s``: 408 and close (the request is dropped as a client that went
@@ -323,7 +360,13 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         if now - self._body_read < timeout:
             self._body_timer = self.loop.call_later(timeout - (now - self._body_read), self._body_stalled)
             return
-        self._in_body = False
+        seconds = f"{self.limits.body_timeout_s:g}"
+        self._abandon_body(408, f"no byte of the request's body arrived for body_timeout_ms ({seconds} s)")
+
+    def _abandon_body(self, status: int, message: str) -> None:
+        """Refuse the request whose body is arriving: ``status`` and close (closed without an answer when it was
+        answered already); its app's ``receive`` says the client went away; its share of ``incoming`` goes now."""
+        self._end_body()
         self._deferred = None  # a direct route's request waiting for this body: never started
         cycle = self.cycle
         if cycle is not None:
@@ -332,8 +375,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
                 return
             cycle.disconnected = True  # its app's ``receive`` says the client is gone; its answer is not written
             cycle.message_event.set()
-        seconds = f"{self.limits.body_timeout_s:g}"
-        self._refuse(408, f"no byte of the request's body arrived for body_timeout_ms ({seconds} s)")
+        self._refuse(status, message)
 
     # ---- refusals and the head's timer ---------------------------------------------------------------------------
 
@@ -395,7 +437,8 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
 def guarded_protocol(limits: HeaderLimits, direct: DirectMatch | None = None) -> type[GuardedHttpToolsProtocol]:
     """The protocol class to give ``uvicorn.Config(http=...)`` for these limits (and these direct routes)."""
     routes = None if direct is None else staticmethod(direct)  # a plain function would be bound as a method
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits, "direct": routes})
+    attributes = {"limits": limits, "direct": routes, "incoming": Incoming()}  # one count per port
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attributes)
 
 
 __all__ = ["SLICE", "GuardedHttpToolsProtocol", "HeaderLimits", "guarded_protocol", "refusal"]

@@ -112,6 +112,7 @@ def header_limits(config: ServerConfig) -> HeaderLimits:
         config.max_header_count,
         config.header_timeout_ms / 1000.0,
         config.body_timeout_ms / 1000.0,
+        config.incoming_bytes,
     )
 
 

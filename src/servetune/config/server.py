@@ -164,6 +164,9 @@ class ServerConfig:
     max_header_count: int = 100  # headers in one request: 431
     header_timeout_ms: int = 20000  # from a connection's start (or a request's first byte) to its last header: 408
     body_timeout_ms: int = 60000  # the longest wait between two reads of a request's body: 408
+    # bytes of request bodies still arriving, over one port's connections (0: the larger of 1 GiB and 4 x
+    # max_request_size): a body that would pass it gets 503 at once
+    max_incoming_bytes: int = 0
     max_tensor_elements: int = 16_777_216  # one tensor's elements (a 0 dimension counted as 1): 413
     max_tensor_dims: int = 32  # one tensor's dimensions: 413
     max_empty_tensor_span: int = 65536  # an empty tensor's other dimensions multiplied (its nested form's lists): 413
@@ -264,6 +267,11 @@ class ServerConfig:
             except re.error as exc:
                 raise ConfigError(f"allowed_urls: {pattern!r} is not a valid regular expression: {exc}") from None
         config = cls(**values)
+        if 0 < config.max_incoming_bytes < config.max_request_size:
+            raise ConfigError(
+                f"max_incoming_bytes={config.max_incoming_bytes} is less than max_request_size="
+                f"{config.max_request_size}: a body of the largest size allowed could never arrive"
+            )
         if config.default_workers_per_model > config.max_workers_per_model:
             raise ConfigError(
                 f"default_workers_per_model={config.default_workers_per_model} is more than "
@@ -273,6 +281,11 @@ class ServerConfig:
 
     def with_overrides(self, **changes: Any) -> ServerConfig:
         return replace(self, **changes)
+
+    @property
+    def incoming_bytes(self) -> int:
+        """``max_incoming_bytes``, or its default: the larger of 1 GiB and four bodies of ``max_request_size``."""
+        return self.max_incoming_bytes or max(1 << 30, 4 * self.max_request_size)
 
     @property
     def tensor_limits(self) -> TensorLimits:
@@ -349,6 +362,7 @@ _INT_KEYS = {
     "max_header_count": 1,
     "header_timeout_ms": 1,
     "body_timeout_ms": 1,
+    "max_incoming_bytes": 0,
     "max_tensor_elements": 1,
     "max_tensor_dims": 1,
     "max_empty_tensor_span": 1,
