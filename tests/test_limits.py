@@ -338,6 +338,19 @@ def test_bodies_arriving_at_once_are_bounded_and_each_share_goes_when_its_body_i
         with sock:
             answer = send_and_read(sock, rest)
         assert status_of(answer) == 200, answer[:300]
+    # a body past max_request_size is answered 413 (not refused for the room it claims), and holds no room after
+    with socket.create_connection(address(url), timeout=10) as oversize:
+        head = b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"
+        oversize.sendall(head + b"a" * 45_000)
+        answer = b""
+        while b"}" not in answer:
+            answer += oversize.recv(65536)
+        assert status_of(answer) == 413, answer[:300]
+        pair = [_begin_body(url), _begin_body(url)]  # 180,000 bytes: room for them while the oversize one stalls
+        for sock, rest in pair:
+            with sock:
+                reply = send_and_read(sock, rest)
+            assert status_of(reply) == 200, reply[:300]
     # so do the shares of bodies whose connections closed before they were in, and of the refused one
     for _ in range(4):
         sock, _ = _begin_body(url)

@@ -73,12 +73,15 @@ class HeaderLimits:
     timeout_s: float = 20.0
     body_timeout_s: float = 60.0  # the longest wait between two reads of a body (nginx's client_body_timeout)
     incoming_bytes: int = 1 << 30  # bytes of bodies still arriving over one port's connections: 503 past it
+    body_bytes: int = 6553500  # the most of one body a request can hold (``max_request_size``: past it, 413)
 
 
 class Incoming:
     """The bytes of request bodies still arriving on one port's connections, against ``HeaderLimits.incoming_bytes``.
-    A body counts once it takes more than one read: its declared length (chunked: what came of it so far). Its share
-    goes when it is in (its request then holds it, within ``job_queue_size``) or its connection closes."""
+    A body counts once it takes more than one read: its declared length (chunked: what came of it so far), at most
+    ``body_bytes`` (past it the route answers 413 and what still comes is dropped, not held), and nothing once its
+    request was answered. Its share goes when it is in (its request then holds it, within ``job_queue_size``) or its
+    connection closes."""
 
     __slots__ = ("total",)
 
@@ -195,8 +198,11 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
 
     def _count_incoming(self) -> None:
         """This body's share of the port's bodies still arriving; 503 when they would pass the limit."""
-        left = self._body_left
-        share = self._body_seen + (left if left is not None else 0)
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started:  # answered already (a 413, a 401): the rest is dropped
+            share = 0
+        else:
+            share = min(self._body_seen + (self._body_left or 0), self.limits.body_bytes)
         incoming = self.incoming
         incoming.total += share - self._incoming
         self._incoming = share
@@ -409,6 +415,9 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._incoming:  # answered before its body was in (a 413, a 401): what still comes of it is dropped
+            self.incoming.total -= self._incoming
+            self._incoming = 0
         held = self._held
         if held is not None and not self._answering():
             self._held = None

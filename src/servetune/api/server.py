@@ -113,6 +113,7 @@ def header_limits(config: ServerConfig) -> HeaderLimits:
         config.header_timeout_ms / 1000.0,
         config.body_timeout_ms / 1000.0,
         config.incoming_bytes,
+        config.max_request_size,
     )
 
 
