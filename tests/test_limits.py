@@ -59,22 +59,27 @@ PROBE = textwrap.dedent(
 )
 
 
+def serve_probe(factory: pytest.TempPathFactory, name: str, properties: dict[str, str]) -> Iterator[EmbeddedServer]:
+    """A server of the probe model with ``properties``, for a module's tests."""
+    store = factory.mktemp(name)
+    handler_archive(store, "probe", "probe_handler.py", PROBE, {"batchSize": 1})
+    running = EmbeddedServer(store, {"probe": "probe.mar"}, properties, workdir=factory.mktemp(f"{name}-run"))
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    store = tmp_path_factory.mktemp("store")
-    handler_archive(store, "probe", "probe_handler.py", PROBE, {"batchSize": 1})
     properties = {
         "default_workers_per_model": "1",
         "disable_token_authorization": "false",
         "header_timeout_ms": str(HEADER_TIMEOUT_MS),
         "body_timeout_ms": str(BODY_TIMEOUT_MS),
     }
-    running = EmbeddedServer(store, {"probe": "probe.mar"}, properties, workdir=tmp_path_factory.mktemp("server"))
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
+    yield from serve_probe(tmp_path_factory, "store", properties)
 
 
 def address(url: str) -> tuple[str, int]:
@@ -297,15 +302,8 @@ INCOMING = 250_000  # the crowded server's max_incoming_bytes: two bodies of 90 
 
 @pytest.fixture(scope="module")
 def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    store = tmp_path_factory.mktemp("crowded")
-    handler_archive(store, "probe", "probe_handler.py", PROBE, {"batchSize": 1})
     properties = {"default_workers_per_model": "1", "max_request_size": "100000", "max_incoming_bytes": str(INCOMING)}
-    running = EmbeddedServer(store, {"probe": "probe.mar"}, properties, workdir=tmp_path_factory.mktemp("crowded-run"))
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
+    yield from serve_probe(tmp_path_factory, "crowded", properties)
 
 
 def _begin_body(url: str, size: int = 90_000) -> tuple[socket.socket, bytes]:
@@ -315,6 +313,14 @@ def _begin_body(url: str, size: int = 90_000) -> tuple[socket.socket, bytes]:
     head += b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % size
     sock.sendall(head + b"a" * (size // 2))
     return sock, b"a" * (size - size // 2)
+
+
+def _finish(begun: list[tuple[socket.socket, bytes]]) -> None:
+    """Send the rest of each begun body; each is answered 200."""
+    for sock, rest in begun:
+        with sock:
+            answer = send_and_read(sock, rest)
+        assert status_of(answer) == 200, answer[:300]
 
 
 def test_bodies_arriving_at_once_are_bounded_and_each_share_goes_when_its_body_is_in(crowded: EmbeddedServer) -> None:
@@ -327,17 +333,12 @@ def test_bodies_arriving_at_once_are_bounded_and_each_share_goes_when_its_body_i
         refused = read_until_closed(third)  # 270,000 > 250,000: refused at once, not after its body
     assert status_of(refused) == 503 and b"retry-after: 1" in refused.lower(), refused[:300]
     assert "max_incoming_bytes" in body_of(refused)["message"]
-    for sock, rest in ((first, first_rest), (second, second_rest)):
-        with sock:
-            answer = send_and_read(sock, rest)
-        assert status_of(answer) == 200, answer[:300]
+    _finish([(first, first_rest), (second, second_rest)])
     # their shares went when their bodies were in: bodies that span reads, one after another, are never refused
     for _ in range(6):
-        sock, rest = _begin_body(url)
+        begun = _begin_body(url)
         time.sleep(0.05)
-        with sock:
-            answer = send_and_read(sock, rest)
-        assert status_of(answer) == 200, answer[:300]
+        _finish([begun])
     # a body past max_request_size is answered 413 (not refused for the room it claims), and holds no room after
     with socket.create_connection(address(url), timeout=10) as oversize:
         head = b"POST /predictions/probe HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"
@@ -346,22 +347,14 @@ def test_bodies_arriving_at_once_are_bounded_and_each_share_goes_when_its_body_i
         while b"}" not in answer:
             answer += oversize.recv(65536)
         assert status_of(answer) == 413, answer[:300]
-        pair = [_begin_body(url), _begin_body(url)]  # 180,000 bytes: room for them while the oversize one stalls
-        for sock, rest in pair:
-            with sock:
-                reply = send_and_read(sock, rest)
-            assert status_of(reply) == 200, reply[:300]
+        _finish([_begin_body(url), _begin_body(url)])  # 180,000 bytes: room for them while the oversize one stalls
     # so do the shares of bodies whose connections closed before they were in, and of the refused one
     for _ in range(4):
         sock, _ = _begin_body(url)
         time.sleep(0.05)
         sock.close()
     time.sleep(0.5)
-    pair = [_begin_body(url), _begin_body(url)]
-    for sock, rest in pair:
-        with sock:
-            answer = send_and_read(sock, rest)
-        assert status_of(answer) == 200, answer[:300]
+    _finish([_begin_body(url), _begin_body(url)])
 
 
 def test_a_transfer_coding_other_than_chunked_is_501(server: EmbeddedServer) -> None:
