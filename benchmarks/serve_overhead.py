@@ -5,10 +5,13 @@ baseline ("bare") is a worker without the server: a separate process started as 
 ``python`` with OMP_NUM_THREADS and MKL_NUM_THREADS set to the worker's threads, then torch.set_num_threads), that
 opens the same archive, loads it through the worker's loader (servetune.handlers.service.load_service) and calls the
 same ``Service.predict`` on batches of ``--batch`` requests carrying the same PNG bytes: decode, transform, model,
-top-5 and response encoding, exactly the worker's work. What the served figure adds is the frontend, the socket hop
-to the worker, batching waits and the load client, on the same cores.
+top-5 and response encoding, exactly the worker's work, with the worker's malloc tuning
+(``servetune.server.batch_memory``). With ``--workers N``, N such processes loop at once (the baseline of a server
+with N workers: what the cores give when nothing but the workers' own work runs), and the server runs N workers
+under a closed loop of 2 x batch x N clients. What the served figure adds is the frontend, the socket hop to the
+workers, batching waits and the load client, on the same cores.
 
-    python benchmarks/serve_overhead.py [--batch 4] [--threads N] [--seconds 20] [--repeats 3]
+    python benchmarks/serve_overhead.py [--batch 4] [--threads N] [--workers 1] [--seconds 20] [--repeats 3]
 
 One server stays up for the whole run (idle during the bare runs); runs alternate bare, served, bare, served, ...
 so that drift in the machine's load hits both. Each run records how much CPU other processes on the machine used
@@ -55,9 +58,11 @@ def bare_child(spec: dict[str, object]) -> None:
     """In the child process: load the archive as a worker does, then time Service.predict on whole batches."""
     from servetune.archive import open_archive
     from servetune.handlers.service import InputParam, Request, load_service
+    from servetune.server.batch_memory import BatchMemory
 
     threads, batch = int(str(spec["threads"])), int(str(spec["batch"]))
     torch.set_num_threads(threads)  # what the worker does at load (servetune.server.worker._load)
+    BatchMemory.tuned()  # and at its start: a batch's memory kept for the next
     with tempfile.TemporaryDirectory() as tmp:
         archive = open_archive(Path(str(spec["archive"])), Path(tmp))
         service = load_service(
@@ -119,25 +124,37 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-def bare_loop(archive: Path, image: Path, batch: int, threads: int, seconds: float, warmup: float) -> dict[str, float]:
-    """Images/s and median ms per batch of the worker's work in a process set up like a worker."""
+def bare_loop(
+    archive: Path, image: Path, batch: int, threads: int, seconds: float, warmup: float, workers: int = 1
+) -> dict[str, float]:
+    """Images/s and median ms per batch of the worker's work in ``workers`` processes set up like workers, looping at
+    once: images/s summed, the batch times and the others' CPU of the first (they overlap in time)."""
     spec = {"archive": str(archive), "image": str(image), "batch": batch, "threads": threads}
     spec.update({"seconds": seconds, "warmup": warmup})
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run(
-        [sys.executable, __file__, "--bare-child", json.dumps(spec)], env=env, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"bare loop failed:\n{done.stderr[-3000:]}")
-    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    command = [sys.executable, __file__, "--bare-child", json.dumps(spec)]
+    children = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(workers)
+    ]
+    results: list[dict[str, float]] = []
+    for child in children:
+        out, err = child.communicate()
+        if child.returncode != 0:
+            raise SystemExit(f"bare loop failed:\n{err[-3000:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    figures = dict(results[0])
+    figures["images_per_s"] = sum(r["images_per_s"] for r in results)
+    # the others' CPU each child saw includes its siblings: what is left beyond them
+    figures["others_cores"] = max(0.0, results[0]["others_cores"] - (workers - 1) * threads)
     return figures
 
 
-def start_server(store: Path, batch: int, threads: int) -> EmbeddedServer:
+def start_server(store: Path, batch: int, threads: int, workers: int = 1) -> EmbeddedServer:
     properties = {
         "disable_token_authorization": "true",
         "threads_per_worker": str(threads),
-        "default_workers_per_model": "1",
+        "default_workers_per_model": str(workers),
         "models": json.dumps({"resnet18": {"1.0": {"batchSize": batch, "maxBatchDelay": 50}}}),
     }
     return EmbeddedServer(store, {"resnet18": "resnet18.mar"}, properties).start()
@@ -187,6 +204,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each run")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of the worker")
     parser.add_argument("--repeats", type=int, default=3, help="bare/served pairs")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (bare: loops at once)")
     parser.add_argument("--bare-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # Stop cleanly, servers and their workers too, on SIGTERM, and on SIGINT even when started in the background
@@ -202,11 +220,12 @@ def main() -> None:
         archive = build(store)
         image = sample_image(Path(tmp) / "sample.png")
         ratios, batch_ms, contended = [], [], []
-        server = start_server(store, args.batch, args.threads)
+        workers = args.workers
+        server = start_server(store, args.batch, args.threads, workers)
         try:
             for r in range(args.repeats):
-                bare = bare_loop(archive, image, args.batch, args.threads, args.seconds, args.warmup)
-                result, others = served(server, image, args.seconds, args.warmup, concurrency=2 * args.batch)
+                bare = bare_loop(archive, image, args.batch, args.threads, args.seconds, args.warmup, workers)
+                result, others = served(server, image, args.seconds, args.warmup, concurrency=2 * args.batch * workers)
                 ratio = result.throughput_rps / bare["images_per_s"]
                 ratios.append(ratio)
                 mean, median, p99 = handler_stats(result)
@@ -219,8 +238,8 @@ def main() -> None:
                     f"(batch ms mean {bare['batch_mean_ms']:.1f} / median {bare['batch_ms']:.1f} / "
                     f"P99 {bare['batch_p99_ms']:.1f}, {bare['batches']:.0f} batches) | "
                     f"served {result.throughput_rps:7.2f} req/s (handler ms per batch mean {mean:.1f} / median "
-                    f"{median:.1f} / P99 {p99:.1f}) | served/bare {ratio:.3f} (batch {args.batch}, {args.threads} "
-                    f"threads; other processes used {bare['others_cores']:.2f} / {others:.2f} cores"
+                    f"{median:.1f} / P99 {p99:.1f}) | served/bare {ratio:.3f} (batch {args.batch}, {workers} x "
+                    f"{args.threads} threads; other processes used {bare['others_cores']:.2f} / {others:.2f} cores"
                     f"{'; CONTENDED' if busy else ''})",
                     flush=True,
                 )
