@@ -350,6 +350,10 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
+        self._release_incoming()
+
+    def _release_incoming(self) -> None:
+        """Give back this connection's share of the port's bodies still arriving."""
         if self._incoming:
             self.incoming.total -= self._incoming
             self._incoming = 0
@@ -415,9 +419,7 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._incoming:  # answered before its body was in (a 413, a 401): what still comes of it is dropped
-            self.incoming.total -= self._incoming
-            self._incoming = 0
+        self._release_incoming()  # answered before its body was in (a 413, a 401): what still comes of it is dropped
         held = self._held
         if held is not None and not self._answering():
             self._held = None
