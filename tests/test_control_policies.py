@@ -354,3 +354,35 @@ def test_the_tail_is_checked_against_the_slas_own_share(slo: str, late: float, w
     settings, fit, policy = tail_policy(slo)
     decision = policy.decide(View(0.0, 0.0, 100.0, 0, 0, Knobs(15, 0.0, 1), settings, fit, 0.0, late_share=late))
     assert (decision.knobs.workers if decision is not None else 1) == workers
+
+
+def test_the_cap_comes_down_at_once_only_on_a_sure_miss_else_after_the_law_asked_for_hold_s() -> None:
+    # a = 20, b = 5 (the fit exact: its cautious line is the same), SLA 200, two workers held: at 150 req/s the law's
+    # cap is 22 (1.5 (20 + 5n) <= 198)
+    raw: dict[str, object] = {"slo": {"p99_ms": 200}, "bounds": {"batch_size": [1, 32], "workers": [2, 2]}}
+    settings = parse_settings(raw)
+    policy = make_policy(settings, Knobs(22, 0.0, 2))
+
+    def fitted(b: float) -> ServiceFit:
+        fit = ServiceFit()
+        for n in (1, 4, 2, 8, 3, 6, 12, 16):
+            fit.add(n, 20.0 + b * n)
+        return fit
+
+    def at(now: float, knobs: Knobs, fit: ServiceFit, margin: float) -> View:
+        return View(now, now, 150.0, 0, 0, knobs, settings, fit, margin)
+
+    cap22 = Knobs(22, 0.0, 2)
+    assert policy.decide(at(0.0, cap22, fitted(5.0), 0.0)) is None
+    # the margin up to 30 ms: the law asks for 18 ((168 / 1.5 - 20) / 5), but 22 still fits the SLA with no margin
+    # (195 ms): the cap waits HOLD_S (2 s), then takes the least change asked
+    ticks = [policy.decide(at(1.0 + t * 0.1, cap22, fitted(5.0), 30.0)) for t in range(21)]
+    assert all(d is None for d in ticks[:20])
+    down = ticks[20]
+    assert down is not None and down.knobs.batch_size == 18
+    assert down.why["cap_down"] == {"sure_miss": False, "worst_ms": 195.0, "asked_s": 2.0}
+    # the cost up to b = 7: the cap now (18) is a sure miss (1.5 (20 + 7 * 18) = 219 ms > 198): down at once, to 13
+    cap18 = down.knobs
+    sure = policy.decide(at(3.1, cap18, fitted(7.0), 30.0))
+    assert sure is not None and sure.knobs.batch_size == 13
+    assert sure.why["cap_down"] == {"sure_miss": True, "worst_ms": 219.0, "asked_s": 0.0}

@@ -85,6 +85,7 @@ class SloPolicy:
         self._cap_since: float | None = None  # since when the law has asked for a cap on one side of the cap now
         self._cap_up = False  # that side: above
         self._cap_asked = 0  # the least change asked since then
+        self._cap_held = 0.0  # how long the law had asked for the cap last applied (0: at once)
         self._started = False
         self._tail_rates: dict[int, float] = {}  # workers the tail asked for past the law -> the least rate it did
         self._fewer_collect_since: float | None = None  # since when the law has asked for fewer collecting workers
@@ -225,6 +226,8 @@ class SloPolicy:
         worst_now = delay + wait_factor(workers - reserve) * cautious.t(now.batch_size)
         urgent_down = worst_now > s.target_ms - SLACK_MS
         batch = self._cap(view.now, now.batch_size, want.batch_size, urgent_up, urgent_down)
+        if batch < now.batch_size:  # why the cap came down: a sure miss at once, or the law's ask held for HOLD_S
+            why["cap_down"] = {"sure_miss": urgent_down, "worst_ms": round(worst_now, 2), "asked_s": self._cap_held}
         chosen = Knobs(batch, delay, workers, threads)
         if reserve:
             why["reserve"] = reserve
@@ -344,13 +347,14 @@ class SloPolicy:
             return cap
         up = want > cap
         if (up and urgent_up) or (not up and urgent_down):
-            self._cap_since = None
+            self._cap_since, self._cap_held = None, 0.0
             return want
         if self._cap_since is None or self._cap_up != up:
             self._cap_since, self._cap_up, self._cap_asked = now, up, want
         else:
             self._cap_asked = min(self._cap_asked, want) if up else max(self._cap_asked, want)
         if now - self._cap_since >= HOLD_S:
+            self._cap_held = round(now - self._cap_since, 2)
             self._cap_since = None
             return self._cap_asked
         return cap
