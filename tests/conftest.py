@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 import pytest
@@ -103,19 +103,21 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
 
 
 # The suite runs on two xdist workers, a whole test file to a worker (``--dist loadfile --no-loadscope-reorder``:
-# a module's server starts once), the longest files first, files with tests on Ray alternating with the others (the
-# first four go two to each worker). Tests on Ray (a Ray instance, a dozen processes) hold a lock while they run,
-# so that two never run at once on two cores, and a test marked ``alone`` runs with the machine to itself
-# (``pytest_runtest_protocol``).
+# a module's server starts once), the longest files first. Tests on Ray (a Ray instance, a dozen processes) hold a
+# lock while they run, so that two never run at once on two cores, and a test marked ``alone`` runs with the machine
+# to itself (``pytest_runtest_protocol``). So that no worker waits for the other's Ray lock, the files with tests on
+# Ray all go to the first worker, one after another from the start (``RayOnOneWorker``), and the other worker takes
+# the rest, longest first; the file whose tests are ``alone`` comes last of the Ray files, when mypy (which
+# ``scripts/check`` runs beside the tests, holding a share of the machine) has long finished.
 LONGEST_FIRST = [
-    "test_tune_ray.py",  # Ray
+    "test_api_backends.py",  # Ray
+    "test_api_readiness.py",  # Ray
+    "test_ray_serve.py",  # Ray
+    "test_tune_ray.py",  # Ray, alone
     "test_pt2.py",
     "test_animated_drawings.py",
-    "test_api_backends.py",  # Ray
     "test_tune_e2e.py",
-    "test_api_readiness.py",  # Ray
     "test_tune_protocols.py",
-    "test_ray_serve.py",  # Ray
     "test_tune_app_e2e.py",
     "test_tune_trust.py",
     "test_server_management.py",
@@ -128,6 +130,34 @@ LONGEST_FIRST = [
     "test_optimize_variants.py",
 ]
 RAY_FILES = {"test_tune_ray.py", "test_ray_serve.py"}
+
+
+def ray_nodeid(nodeid: str) -> bool:
+    """A test that runs on Ray: in a Ray file, or a backend-parametrized test's ``ray`` case."""
+    return Path(nodeid.split("::", 1)[0]).name in RAY_FILES or "[ray]" in nodeid or "[ray-" in nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the files that have tests on Ray kept for the first worker (``RayOnOneWorker``)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayOnOneWorker(LoadFileScheduling):  # type: ignore[misc]
+        """xdist's file scheduling, but the first worker takes the files with tests on Ray (in the queue's order)
+        while any remain, and the other worker the files without; a worker with none of its own kind left takes
+        the other kind (a Ray file then waits for the lock, as before)."""
+
+        def _assign_work_unit(self, node: Any) -> None:
+            ray = [scope for scope, unit in self.workqueue.items() if any(ray_nodeid(n) for n in unit)]
+            other = [scope for scope in self.workqueue if scope not in ray]
+            first, second = (ray, other) if node is self.nodes[0] else (other, ray)
+            scope = (first or second)[0]
+            self.workqueue.move_to_end(scope, last=False)  # the base class takes the queue's first unit
+            super()._assign_work_unit(node)
+
+    return RayOnOneWorker(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -168,7 +198,7 @@ def machine_share(run: str, alone: bool) -> Iterator[None]:
 
 
 def on_ray(item: pytest.Item) -> bool:
-    return item.path.name in RAY_FILES or "[ray" in item.nodeid
+    return ray_nodeid(item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)
