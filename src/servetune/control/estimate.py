@@ -86,14 +86,18 @@ class TailMeter(_Bins):
         least ``least`` requests were answered (a 1% share is told by a second of 100 answers, not of 20); 0 if none
         had as many. The window's share averages a late second with four good ones; a P99 read per second does not."""
         b = self._bin_at(now)
-        span = max(1, round(1.0 / self.bin_s))
+        n, span = self._n, max(1, round(1.0 / self.bin_s))
         done, late = self._rings
+        if sum(done) < least:  # no second can have as many (the common case at a low rate): nothing to look at
+            return 0.0
         worst = 0.0
-        for end in range(b, b - self._n + span - 1, -1):
-            bins = [i % self._n for i in range(end - span + 1, end + 1)]
-            answered = sum(done[i] for i in bins)
-            if answered >= least:
-                worst = max(worst, sum(late[i] for i in bins) / answered)
+        for end in range(b, b - n + span - 1, -1):
+            answered = came_late = 0
+            for i in range(end - span + 1, end + 1):
+                answered += done[i % n]
+                came_late += late[i % n]
+            if answered >= least and came_late / answered > worst:
+                worst = came_late / answered
         return worst
 
 
