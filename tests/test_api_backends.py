@@ -161,6 +161,9 @@ def test_describe_has_torchserve_fields_and_customized_metadata(api: Api) -> Non
 
 
 def test_register_set_default_scale_to_zero_and_unregister(api: Api) -> None:
+    """And none of it restarts version 1.0's workers (on Ray, a version's replicas are replaced only when its own
+    application's args change: another version's registration, scaling, default or removal must not do that)."""
+    workers = {w["pid"] for w in api.manage("GET", "/models/sleep/1.0").json()[0]["workers"]}
     registered = api.manage("POST", "/models?url=sleep2.mar&initial_workers=1&synchronous=true")
     assert registered.json() == {"status": 'Model "sleep" Version: 2.0 registered with 1 initial workers'}
     assert api.manage("POST", "/models?url=sleep2.mar").status == 409
@@ -182,6 +185,7 @@ def test_register_set_default_scale_to_zero_and_unregister(api: Api) -> None:
     assert api.manage("DELETE", "/models/sleep/2.0").json() == {"status": 'Model "sleep" unregistered'}
     assert api.manage("GET", "/models/sleep/2.0").status == 404
     assert api.predict(b"still").status == 200
+    assert {w["pid"] for w in api.manage("GET", "/models/sleep/1.0").json()[0]["workers"]} == workers
 
 
 def test_requests_sent_while_a_version_goes_to_zero_workers_are_all_answered(api: Api) -> None:

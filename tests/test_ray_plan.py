@@ -23,7 +23,8 @@ from servetune.cli import cli
 from servetune.config.server import ServerConfig
 from servetune.ray import ModelPlan, ServedModel, plan_models, serve_config
 from servetune.ray.controller import without_traceback
-from servetune.ray.serve_config import FrontendArgs, ModelArgs, max_ongoing_requests
+from servetune.ray.plan import deployment_name
+from servetune.ray.serve_config import FrontendArgs, VersionArgs, max_ongoing_requests, served_model
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
@@ -63,8 +64,8 @@ def test_model_config_knobs_become_ray_serve_knobs(tmp_path: Path) -> None:
     _validate_with_ray(config)
     frontend, app = config["applications"]
     assert (frontend["name"], frontend["route_prefix"]) == ("servetune", "/")
-    assert (app["name"], app["route_prefix"]) == ("sleep", "/predictions/sleep")
-    assert app["args"]["versions"]["1.0"]["config"]["batch_size"] == 8
+    assert (app["name"], app["route_prefix"]) == ("sleep_v1_0", "/predictions/sleep")
+    assert app["args"]["version"]["config"]["batch_size"] == 8
     [deployment] = app["deployments"]
     assert deployment["name"] == "sleep_v1_0"
     assert deployment["autoscaling_config"] == {
@@ -74,7 +75,8 @@ def test_model_config_knobs_become_ray_serve_knobs(tmp_path: Path) -> None:
         "target_ongoing_requests": 8,
     }
     assert "num_replicas" not in deployment
-    assert deployment["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 50, "num_threads": 2}
+    served = {"name": "sleep", "default": "1.0", "versions": ["1.0"], "deployed": ["1.0"]}
+    assert deployment["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 50, "num_threads": 2, "model": served}
     assert deployment["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1}
     assert deployment["max_ongoing_requests"] == max_ongoing_requests(8) >= 8
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
@@ -93,7 +95,11 @@ def test_a_batch_change_in_place_touches_only_what_ray_applies_without_a_restart
     [old], [new] = before["applications"][1]["deployments"], after["applications"][1]["deployments"]
     changed = {key for key in {*old, *new} if old.get(key) != new.get(key)}
     assert changed == {"user_config", "max_ongoing_requests"}
-    assert new["user_config"] == {"batch_size": 8, "max_batch_delay_ms": 5, "num_threads": 1}
+    assert {k: v for k, v in new["user_config"].items() if k != "model"} == {
+        "batch_size": 8,
+        "max_batch_delay_ms": 5,
+        "num_threads": 1,
+    }
     assert new["max_ongoing_requests"] == max_ongoing_requests(8)
 
 
@@ -109,7 +115,7 @@ def test_workers_default_and_models_json_precedence(tmp_path: Path) -> None:
     assert deployment["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0}
 
 
-def test_two_versions_are_one_application_with_a_deployment_each(tmp_path: Path) -> None:
+def test_two_versions_are_an_application_each_the_defaults_at_the_models_route(tmp_path: Path) -> None:
     sleep_archive(tmp_path, name="m", version="1.0")
     (tmp_path / "m.mar").rename(tmp_path / "m1.mar")
     sleep_archive(tmp_path, name="m", version="2.0")
@@ -117,11 +123,36 @@ def test_two_versions_are_one_application_with_a_deployment_each(tmp_path: Path)
     assert model.default_version == "1.0" and sorted(model.versions) == ["1.0", "2.0"]
     config = serve_config([model])
     _validate_with_ray(config)
-    app = config["applications"][1]
-    assert [d["name"] for d in app["deployments"]] == ["m_v1_0", "m_v2_0"]
-    assert sorted(app["args"]["versions"]) == ["1.0", "2.0"] and app["args"]["model"]["default"] == "1.0"
+    apps = config["applications"][1:]
+    assert [(a["name"], a["route_prefix"]) for a in apps] == [("m_v1_0", "/predictions/m"), ("m_v2_0", None)]
+    assert [[d["name"] for d in a["deployments"]] for a in apps] == [["m_v1_0"], ["m_v2_0"]]
+    assert [a["args"]["version"]["version"] for a in apps] == ["1.0", "2.0"]
+    assert all(a["deployments"][0]["user_config"]["model"]["default"] == "1.0" for a in apps)
     with pytest.raises(Exception, match="does not exist for model: m"):
         model.get("3.0")
+
+
+def test_another_versions_registration_scaling_and_default_leave_a_versions_args_alone(tmp_path: Path) -> None:
+    """Ray hashes an application's args into its code version: a change of them replaces every replica of the
+    application. A version's application keeps its args (and import path) whatever happens to the model's other
+    versions; what it is told of them is its ``user_config``, and the default's route moves with the default."""
+    model = _two_versions(tmp_path)
+    alone = ModelPlan("m", {"1.0": model.versions["1.0"]}, "1.0")
+    idle = ModelPlan("m", {**model.versions, "2.0": model.versions["2.0"].scaled(0, 0)}, "1.0")
+    second = replace(model, default_version="2.0")
+    configs = [serve_config([m]) for m in (alone, model, idle, second)]
+    for config in configs:
+        _validate_with_ray(config)
+    v1 = [next(a for a in c["applications"] if a["name"] == "m_v1_0") for c in configs]
+    assert all((a["args"], a["import_path"]) == (v1[0]["args"], v1[0]["import_path"]) for a in v1)
+    assert [a["route_prefix"] for a in v1] == ["/predictions/m", "/predictions/m", "/predictions/m", None]
+    assert [a["deployments"][0]["user_config"]["model"]["deployed"] for a in v1] == [
+        ["1.0"],
+        ["1.0", "2.0"],
+        ["1.0"],
+        ["1.0", "2.0"],
+    ]
+    assert "m_v2_0" not in [a["name"] for a in configs[2]["applications"]]  # 0 workers: no application
 
 
 def test_the_frontend_name_is_reserved(tmp_path: Path) -> None:
@@ -139,7 +170,7 @@ def test_cli_writes_a_serve_deploy_config(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     written = yaml.safe_load(out.read_text())
     _validate_with_ray(written)
-    [app] = [a for a in written["applications"] if a["name"] == "sleep"]
+    [app] = [a for a in written["applications"] if a["name"] == "sleep_v1_0"]
     assert app["import_path"] == "servetune.ray.app:model_app"
     assert app["deployments"][0]["num_replicas"] == 2
 
@@ -172,8 +203,8 @@ def test_the_replica_queue_holds_two_batches_unless_the_model_config_says(tmp_pa
     ongoing = {p.name: p.get(None).ongoing_batches for p in plans}
     assert ongoing == {"sleep": 2, "one": 1}
     apps = {app["name"]: app for app in serve_config(plans)["applications"][1:]}
-    assert apps["sleep"]["deployments"][0]["max_ongoing_requests"] == 8
-    assert apps["one"]["deployments"][0]["max_ongoing_requests"] == 4
+    assert apps["sleep_v1_0"]["deployments"][0]["max_ongoing_requests"] == 8
+    assert apps["one_v1_0"]["deployments"][0]["max_ongoing_requests"] == 4
     with pytest.raises(ApiError, match=r"rayOngoingBatches=0: expected an integer 1\.\.64"):
         plan_models(_config(tmp_path), ("bad.mar",))
 
@@ -240,13 +271,13 @@ def test_what_the_frontend_and_replicas_are_told_round_trips_through_the_config_
     idle = ModelPlan("m", {**model.versions, "2.0": model.versions["2.0"].scaled(0, 0)}, "1.0")
     server = _config(tmp_path, max_request_size="1234")
     config = yaml.safe_load(yaml.safe_dump(serve_config([idle], server=server)))  # as `serve deploy` reads it
-    frontend, app = config["applications"]
+    frontend, app = config["applications"]  # only the deployed version has an application
 
-    shipped = ModelArgs.from_json(app["args"])
-    assert shipped.model == idle.served == ServedModel("m", "1.0", ("1.0", "2.0"), ("1.0",))
-    assert shipped.plans == {"1.0": model.versions["1.0"].plan}  # only the deployed version's plan travels
-    assert shipped.server.max_request_size == 1234
+    shipped = VersionArgs.from_json(app["args"])
+    assert shipped.plan == model.versions["1.0"].plan and shipped.server.max_request_size == 1234
     assert json.loads(json.dumps(shipped.to_json())) == app["args"]
+    told_replica = served_model(app["deployments"][0]["user_config"], shipped.plan)
+    assert told_replica == idle.served == ServedModel("m", "1.0", ("1.0", "2.0"), ("1.0",))
 
     told = FrontendArgs.of_application(frontend)
     assert told.models == (idle.served,) and told.server.max_request_size == 1234 and not told.starting
@@ -272,21 +303,27 @@ def test_the_frontend_is_told_of_start_up_and_models_in_place(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("edit", "reason"),
     [
-        (lambda a: a["model"].update(default="9.0"), "default version '9.0' is not one of"),
-        (lambda a: a["model"].update(deployed=["2.0"]), "deployed without the default"),
-        (lambda a: a["model"].update(deployed=["1.0", "3.0"]), "are not all in"),
-        (lambda a: a["versions"].pop("2.0"), r"plans for \['1.0'\], deployed \['1.0', '2.0'\]"),
-        (lambda a: a.update(model={"name": "m"}), "expected a served model"),
-        (lambda a: a["model"].update(versions="1.0"), "must be lists of version strings"),
+        (lambda m: m.update(default="9.0"), "default version '9.0' is not one of"),
+        (lambda m: m.update(deployed=["2.0"]), "deployed without the default"),
+        (lambda m: m.update(deployed=["1.0", "3.0"]), "are not all in"),
+        (lambda m: m.pop("default"), "expected a served model"),
+        (lambda m: m.update(versions="1.0"), "must be lists of version strings"),
     ],
 )
-def test_a_hand_edited_model_application_is_refused_with_the_reason(
+def test_a_hand_edited_model_in_a_user_config_is_refused_with_the_reason(
     tmp_path: Path, edit: Callable[[dict[str, Any]], object], reason: str
 ) -> None:
-    [_, app] = serve_config([_two_versions(tmp_path)])["applications"]
-    edit(app["args"])
+    [_, app, _] = serve_config([_two_versions(tmp_path)])["applications"]
+    user_config = app["deployments"][0]["user_config"]
+    edit(user_config["model"])
     with pytest.raises(ValueError, match=reason):
-        ModelArgs.from_json(app["args"])
+        served_model(user_config, VersionArgs.from_json(app["args"]).plan)
+
+
+def test_a_hand_edited_version_application_without_its_plan_is_refused(tmp_path: Path) -> None:
+    [_, app, _] = serve_config([_two_versions(tmp_path)])["applications"]
+    with pytest.raises(ValueError, match="version: expected the version's plan"):
+        VersionArgs.from_json({"server": app["args"]["server"]})
 
 
 def test_the_kuberay_example_ships_args_the_builders_read() -> None:
@@ -295,6 +332,8 @@ def test_the_kuberay_example_ships_args_the_builders_read() -> None:
     _validate_with_ray(config)
     frontend, app = config["applications"]
     [served] = FrontendArgs.of_application(frontend).models
-    shipped = ModelArgs.from_json(app["args"])
-    assert served == shipped.model and served.name == app["name"] == "resnet18"
+    shipped = VersionArgs.from_json(app["args"])
+    assert served == served_model(app["deployments"][0]["user_config"], shipped.plan)
+    assert served.name == shipped.plan.name == "resnet18" and app["route_prefix"] == "/predictions/resnet18"
+    assert app["name"] == deployment_name("resnet18", "1.0") == "resnet18_v1_0"
     assert [d["name"] for d in app["deployments"]] == ["resnet18_v1_0"]

@@ -27,7 +27,7 @@ from servetune.handlers.control import Control  # noqa: E402
 from servetune.ray import ModelPlan, RayBackend, handles, plan_models, serve_config  # noqa: E402
 from servetune.ray.frontend import FrontendView  # noqa: E402
 from servetune.ray.replica import ModelReplica  # noqa: E402
-from servetune.ray.serve_config import FrontendArgs, ModelArgs  # noqa: E402
+from servetune.ray.serve_config import FrontendArgs, VersionArgs  # noqa: E402
 
 
 class _Remote:
@@ -103,7 +103,8 @@ def handled(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 def _views(model: ModelPlan) -> dict[str, Any]:
     """The three places a version is resolved, each built as it is on a cluster: the driver from its plans, the
-    frontend and the ingress replica from the Serve config's args."""
+    frontend and the ingress replica (the default version's, at the model's route) from the Serve config's args and
+    user_config."""
     driver = RayBackend(ServerConfig())
     driver.plans = {model.name: model}
     config = serve_config([model])
@@ -112,9 +113,10 @@ def _views(model: ModelPlan) -> dict[str, Any]:
         "frontend": FrontendView(FrontendArgs.of_application(config["applications"][0]).models),
     }
     if model.serving:  # else the model has no application, so no replica
-        args = ModelArgs.from_json(config["applications"][1]["args"])
-        others = {v: StandInHandle(v) for v in args.plans if v != args.model.default}
-        replica = ModelReplica(args.model, args.plans[args.model.default], others, args.server)
+        [ingress] = [app for app in config["applications"] if app["route_prefix"] == f"/predictions/{model.name}"]
+        args = VersionArgs.from_json(ingress["args"])
+        replica = ModelReplica(args.plan, args.server)
+        replica.reconfigure(ingress["deployments"][0]["user_config"])  # as Ray does before the replica serves
         views["replica"] = replica.view
     return views
 
@@ -167,7 +169,7 @@ def test_the_driver_the_frontend_and_the_replica_mean_the_same_version(
     if "replica" in views:
         wanted["replica"] = f"{expected} by {'handler' if expected == default else 'handle'}"
     assert outcomes == wanted
-    assert handled == [f"m/{expected}", f"m/{expected}"]
+    assert handled == [f"m/{expected}"] * (3 if expected != default else 2)
 
 
 def test_an_unknown_model_is_404_and_the_versions_listed_agree(two_versions: ModelPlan, handled: list[str]) -> None:
@@ -188,14 +190,20 @@ def test_a_version_without_replicas_has_metadata_without_tensors(two_versions: M
     assert handled == []  # nobody asked: no replica holds that version
 
 
-def test_the_replica_reaches_another_version_through_its_bound_handle(two_versions: ModelPlan) -> None:
+def test_the_replica_reaches_another_version_through_its_handle(
+    two_versions: ModelPlan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = StandInHandle("2.0")
+    monkeypatch.setattr(
+        handles, "version_handle", lambda model, version: other if (model, version) == ("m", "2.0") else None
+    )
     views = _views(two_versions)
     replica = views["replica"]
     found = asyncio.run(replica.metadata("m", "2.0"))
     assert found.platform == "platform of 2.0"
     asked = _request()
     assert asyncio.run(replica.infer("m", "2.0", asked)).version == "2.0"
-    [sent] = replica.others["2.0"].sent
+    [sent] = other.sent
     # what lives only in this process stays here; the rest travels unchanged
     assert sent.is_disconnected is None and asked.is_disconnected is not None
     assert dataclasses.replace(sent, is_disconnected=asked.is_disconnected) == asked

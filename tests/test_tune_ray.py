@@ -116,11 +116,15 @@ def test_the_winner_is_written_as_a_schema_valid_ray_serve_config(tuned: Tuned) 
 
     ServeDeploySchema.model_validate(written)
     assert written["http_options"] == {"host": "0.0.0.0", "port": 8000}
-    [app] = [a for a in written["applications"] if a["name"] == "cost"]
+    [app] = [a for a in written["applications"] if a["route_prefix"] == "/predictions/cost"]
     [deployment] = app["deployments"]
     assert deployment["num_replicas"] == 2
-    assert deployment["user_config"] == {"batch_size": 4, "max_batch_delay_ms": 50, "num_threads": 1}
-    spec = app["args"]["versions"]["1.0"]
+    assert {k: v for k, v in deployment["user_config"].items() if k != "model"} == {
+        "batch_size": 4,
+        "max_batch_delay_ms": 50,
+        "num_threads": 1,
+    }
+    spec = app["args"]["version"]
     assert spec["config"]["batch_size"] == 4 and spec["config"]["handler_config"]["optimization"] == "eager"
     assert Path(spec["archive"]) == (deploy / "model-store" / "cost").resolve()
     command, alternative, *more = (deploy / "serve-command.txt").read_text().splitlines()
@@ -179,7 +183,7 @@ def test_without_an_address_the_trials_run_on_a_private_local_instance(tmp_path:
     assert result.analysis.winner is not None
     held = result.study.family(result.analysis.winner.config.family).options["ongoing_batches"]
     written = yaml.safe_load(result.deployment.files["ray-serve-config.yaml"].read_text())
-    [app] = [a for a in written["applications"] if a["name"] == "cost"]
+    [app] = [a for a in written["applications"] if a["route_prefix"] == "/predictions/cost"]
     assert held in (1, 2) and app["deployments"][0]["max_ongoing_requests"] == 2 * held  # batch 2 x batches held
 
     def leftovers() -> list[str]:

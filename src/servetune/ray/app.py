@@ -15,22 +15,17 @@ from ray.serve import Application, Deployment
 from servetune.ray.frontend import Frontend
 from servetune.ray.plan import deployment_name
 from servetune.ray.replica import ModelReplica
-from servetune.ray.serve_config import FRONTEND_DEPLOYMENT, FrontendArgs, ModelArgs
+from servetune.ray.serve_config import FRONTEND_DEPLOYMENT, FrontendArgs, VersionArgs
 
 
 def model_app(args: dict[str, Any]) -> Application:
-    """One model: the default version's deployment is the ingress; the other deployed versions are bound to it (so
-    that Ray deploys them with the application) and reached through their handles."""
-    shipped = ModelArgs.from_json(args)
-    model, server = shipped.model, shipped.server
+    """One model version: its deployment (the model's ingress when it is the default; the ingress reaches the other
+    versions through their handles)."""
+    shipped = VersionArgs.from_json(args)
     replica = cast(Deployment, serve.deployment(ModelReplica))
-    others = {
-        version: replica.options(name=deployment_name(model.name, version)).bind(model, plan, {}, server)
-        for version, plan in shipped.plans.items()
-        if version != model.default
-    }
-    ingress = replica.options(name=deployment_name(model.name, model.default))
-    return ingress.bind(model, shipped.plans[model.default], others, server)
+    return replica.options(name=deployment_name(shipped.plan.name, shipped.plan.version)).bind(
+        shipped.plan, shipped.server
+    )
 
 
 def frontend_app(args: dict[str, Any]) -> Application:

@@ -2,9 +2,10 @@
 keeps every model's plan and applies it as one declarative Serve config; Ray's proxy serves inference (each model
 application's replicas answer with the API layer's inference app); the driver serves management and metrics.
 
-Workers are replicas: scaling sets ``num_replicas`` (an autoscaling range when max > min; 0 removes the deployment
-and requests get 503); batch size, delay and threads change in place through ``user_config``; anything the replicas
-load with (the plan in the application's args) redeploys them.
+Workers are replicas, a version's deployment in an application of its own (``serve_config``): scaling sets
+``num_replicas`` (an autoscaling range when max > min; 0 removes the application and requests get 503); batch size,
+delay and threads change in place through ``user_config``; anything the replicas load with (the plan in the
+application's args) redeploys that version's replicas, and only those.
 """
 
 from __future__ import annotations
@@ -186,9 +187,9 @@ class RayBackend:
         return await handles.infer(handles.version_handle(name, meant), request)
 
     async def healthy(self) -> bool:
-        from servetune.ray.frontend import cluster_healthy
+        from servetune.ray.frontend import cluster_healthy, served_applications
 
-        served = [name for name, model in self.plans.items() if model.serving]
+        served = served_applications([model.served for model in self.plans.values()])
         return not self._starting and not self._failed and await asyncio.to_thread(cluster_healthy, served)
 
     async def ready(self, name: str, version: str | None) -> bool:
@@ -201,13 +202,14 @@ class RayBackend:
     async def metadata(self, name: str, version: str | None) -> ModelMetadata:
         """Asked of a replica of the version (its handler's metadata is there); a version without replicas declares
         only what its model-config.yaml does."""
-        from ray import serve
         from ray.exceptions import RayError
+
+        from servetune.ray import handles
 
         rv = self.get(name, version)
         if not rv.serving:
             return model_metadata(rv.plan, list(self.plans[name].versions))
-        handle = serve.get_deployment_handle(deployment_name(name, rv.version), app_name=name)
+        handle = handles.version_handle(name, rv.version)
         try:
             metadata: ModelMetadata = await handle.metadata_remote.remote()
         except RayError as exc:
@@ -242,7 +244,9 @@ class RayBackend:
         if wait_s <= 0:
             return True
         count = None if rv.autoscaling else min_workers
-        return await asyncio.to_thread(self.cluster.wait_replicas, name, rv.version, count, wait_s)
+        scaled = await asyncio.to_thread(self.cluster.wait_replicas, name, rv.version, count, wait_s)
+        await self._settle(name)
+        return scaled
 
     async def remove(self, name: str, version: str | None, grace_s: float) -> None:
         async with self._lock:
@@ -255,7 +259,7 @@ class RayBackend:
             else:
                 del self.plans[name]
             await self._deploy()
-        await asyncio.to_thread(self.cluster.wait_gone, name, deployment_name(name, rv.version), REMOVE_WAIT_S)
+        await asyncio.to_thread(self.cluster.wait_replicas, name, rv.version, 0, REMOVE_WAIT_S)
         await self._settle(name)
 
     async def set_default(self, name: str, version: str) -> None:
@@ -266,8 +270,9 @@ class RayBackend:
         await self._settle(name)
 
     async def _settle(self, name: str) -> None:
-        """Wait until the model's application has applied its new args (the versions it knows, its default: its
-        replicas are replaced), so that the next call sees the model as it now is."""
+        """Wait until the default version's application has applied the model as now served (its versions, which
+        are deployed, its default: told to its replicas in place) and its route, so that the next call sees the model
+        as it now is."""
         model = self.plans.get(name)
         if model is None or not model.serving:
             return

@@ -144,16 +144,6 @@ class RayCluster:
             time.sleep(POLL_S)
         return False
 
-    def wait_gone(self, app_name: str, deployment: str, timeout_s: float) -> None:
-        from ray import serve
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            app = serve.status().applications.get(app_name)
-            if app is None or deployment not in app.deployments:
-                return
-            time.sleep(POLL_S)
-
     def shutdown(self, timeout_s: float = 15.0) -> None:
         """Delete every Serve application, the controller and the proxies, then leave the cluster. Bounded: when
         the cluster is going down too (Ctrl-C reaches a local instance's processes as well), give up waiting."""
@@ -172,21 +162,22 @@ class RayCluster:
     # ---- replicas ----------------------------------------------------------------------------
 
     def wait_replicas(self, name: str, version: str, count: int | None, timeout_s: float) -> bool:
-        """Wait until the model's application is no longer deploying (every change applied: the controller marks it
-        DEPLOYING as it accepts a config) and the deployment is healthy with exactly ``count`` running replicas
-        (None: any number), none starting, stopping or being reconfigured. False when ``timeout_s`` passed first;
-        WorkerLoadError when the application failed to deploy (its replicas could not load the model)."""
+        """Wait until the version's application is no longer deploying (every change applied: the controller marks it
+        DEPLOYING as it accepts a config) and its deployment is healthy with exactly ``count`` running replicas (None:
+        any number), none starting, stopping or being reconfigured; for 0, until the application is gone. False when
+        ``timeout_s`` passed first; WorkerLoadError when the application failed to deploy (its replicas could not
+        load the model)."""
         from ray import serve
 
         deployment = deployment_name(name, version)
         deadline = time.monotonic() + timeout_s
         while True:
-            app = serve.status().applications.get(name)
+            app = serve.status().applications.get(deployment)
             if app is not None and state_name(app.status) == "DEPLOY_FAILED":
                 raise WorkerLoadError(_failure(app))
+            if app is None and count == 0:
+                return True
             found = app.deployments.get(deployment) if app is not None else None
-            if found is None and count == 0 and (app is None or _settled(app)):
-                return True  # gone, and the ingress that routed to it replaced (it answers 503 now, not routes)
             if app is not None and found is not None and state_name(app.status) != "DEPLOYING":
                 states = {state_name(k): v for k, v in found.replica_states.items()}
                 others = sum(v for k, v in states.items() if k != "RUNNING")
@@ -203,7 +194,8 @@ class RayCluster:
         ray = require_ray()
         from ray._private import state
 
-        class_name = f"ServeReplica:{name}:{deployment_name(name, version)}"
+        deployment = deployment_name(name, version)  # its application's name too
+        class_name = f"ServeReplica:{deployment}:{deployment}"
         table: dict[str, dict[str, Any]] = state.actors(actor_state_name="ALIVE")
         here = ray.util.get_node_ip_address()
         found = [
@@ -224,8 +216,9 @@ class RayCluster:
     def deployment_status(self, name: str, version: str) -> dict[str, Any]:
         from ray import serve
 
-        app = serve.status().applications.get(name)
-        found = app.deployments.get(deployment_name(name, version)) if app is not None else None
+        deployment = deployment_name(name, version)  # its application's name too
+        app = serve.status().applications.get(deployment)
+        found = app.deployments.get(deployment) if app is not None else None
         if found is None:
             return {"status": "NOT_DEPLOYED", "replicaStates": {}}
         states = {state_name(k): int(v) for k, v in found.replica_states.items()}
@@ -242,14 +235,6 @@ def _rss(pid: int) -> int:
 def state_name(value: Any) -> str:
     """``RUNNING`` for Ray's status enums (``str(ApplicationStatus.RUNNING)`` spells the class too)."""
     return str(getattr(value, "value", value))
-
-
-def _settled(app: Any) -> bool:
-    """The application applied its last config: not deploying, and every deployment's replicas running (none
-    starting, stopping or being reconfigured: an old ingress replica still routes by the config before)."""
-    if state_name(app.status) == "DEPLOYING":
-        return False
-    return all(state_name(k) == "RUNNING" for d in app.deployments.values() for k, v in d.replica_states.items() if v)
 
 
 def _failure(app: Any) -> str:

@@ -37,17 +37,22 @@ HEALTHY_DEPLOYMENT_STATES = ("HEALTHY", "UPSCALING", "DOWNSCALING")
 
 def deployment_ready(name: str, version: str) -> bool:
     """The version's deployment is healthy (or scaling) with a running replica."""
-    app = serve.status().applications.get(name)
+    app = serve.status().applications.get(deployment_name(name, version))
     deployment = app.deployments.get(deployment_name(name, version)) if app is not None else None
     if deployment is None or state_name(deployment.status) not in HEALTHY_DEPLOYMENT_STATES:
         return False
     return any(n for state, n in deployment.replica_states.items() if state_name(state) == "RUNNING")
 
 
-def cluster_healthy(models: list[str]) -> bool:
-    """Every model application RUNNING, every deployment healthy (or scaling) with a running replica."""
+def served_applications(models: Sequence[ServedModel]) -> list[str]:
+    """The applications of the models' deployed versions (none for a model whose default version has no workers)."""
+    return [deployment_name(model.name, version) for model in models for version in model.deployed]
+
+
+def cluster_healthy(applications: list[str]) -> bool:
+    """Every named application RUNNING, every deployment healthy (or scaling) with a running replica."""
     status = serve.status()
-    for name in models:
+    for name in applications:
         app = status.applications.get(name)
         if app is None or state_name(app.status) != "RUNNING":
             return False
@@ -71,7 +76,7 @@ class FrontendView:
     def serve(self, models: Sequence[ServedModel]) -> None:
         """Answer for ``models`` from now on (what was cached of the models before is forgotten)."""
         self.models_served = {model.name: model for model in models}
-        self.served = [model.name for model in models if model.serving]
+        self.served = served_applications(models)
         self._health: tuple[float, bool] = (0.0, False)
         self._ready: dict[str, tuple[float, bool]] = {}
 
@@ -146,4 +151,4 @@ class Frontend:
         return await call_app(self.app, request)
 
 
-__all__ = ["Frontend", "FrontendView", "cluster_healthy"]
+__all__ = ["Frontend", "FrontendView", "cluster_healthy", "served_applications"]

@@ -28,6 +28,8 @@ from servetune.ray.plan import deployment_name
 
 GONE_CHECK_S = 1.0
 _seen: dict[tuple[str, str], tuple[float, bool]] = {}  # (app, deployment) -> (when asked, gone); one ask a second
+_handles: dict[str, Any] = {}  # a version's application -> its deployment's handle, made once (Ray asks its controller)
+_models: dict[str, str] = {}  # a version's application -> the model's name
 
 
 def _gone(app: str, deployment: str) -> bool:
@@ -44,8 +46,13 @@ def _gone(app: str, deployment: str) -> bool:
 
 
 def version_handle(model: str, version: str) -> Any:
-    """The handle of a model version's deployment (in the model's application)."""
-    return serve.get_deployment_handle(deployment_name(model, version), app_name=model)
+    """The handle of a model version's deployment (in the version's own application, named as the deployment)."""
+    app = deployment_name(model, version)
+    handle = _handles.get(app)
+    if handle is None:
+        handle = _handles[app] = serve.get_deployment_handle(app, app_name=app)
+        _models[app] = model
+    return handle
 
 
 def unavailable(exc: BaseException, doing: str) -> ApiError:
@@ -88,7 +95,8 @@ async def _unless_gone(handle: Any, call: Coroutine[Any, Any, InferResult]) -> I
             if done:
                 return task.result()
             if await asyncio.to_thread(_gone, handle.app_name, handle.deployment_name):
-                raise ApiError.no_worker(handle.app_name)
+                _handles.pop(handle.app_name, None)  # the version may come back: a new handle then
+                raise ApiError.no_worker(_models.get(handle.app_name, handle.app_name))
     finally:
         task.cancel()  # a no-op once done; else Ray's cancellation of the request it still routes
 

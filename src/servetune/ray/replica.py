@@ -18,7 +18,7 @@ import asyncio
 import atexit
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from servetune.ray.asgi import call_app
 from servetune.ray.controlled import check_reachable, replica_controller
 from servetune.ray.metrics import Reporter
 from servetune.ray.plan import ServedModel, ray_control
+from servetune.ray.serve_config import served_model
 from servetune.startup import freeze_heap
 
 DEFAULT_DELAY_S = 0.1
@@ -61,12 +62,11 @@ def _error(request: InferRequest, error: ApiError) -> InferResult:
 
 class ReplicaView:
     """The inference API's backend inside a replica: its own version through its batch queue, the model's other
-    versions through their handles (``others``, bound by the application; the ingress replica holds them)."""
+    versions (``model``: as served, from the deployment's ``user_config``) through their handles."""
 
-    def __init__(self, replica: ModelReplica, model: ServedModel, others: Mapping[str, Any]) -> None:
+    def __init__(self, replica: ModelReplica, model: ServedModel) -> None:
         self.replica = replica
         self.model = model
-        self.others = others
 
     def _other(self, name: str, version: str | None) -> tuple[str, Any | None]:
         """The version meant and, for another deployed version, its handle (None: this replica's own version, or
@@ -76,8 +76,7 @@ class ReplicaView:
         meant, deployed = self.model.resolve(version)
         if meant == self.replica.plan.version or not deployed:
             return meant, None
-        bound = self.others.get(meant)
-        return meant, bound if bound is not None else handles.version_handle(name, meant)
+        return meant, handles.version_handle(name, meant)
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> InferResult:
         meant, other = self._other(name, version)
@@ -106,17 +105,10 @@ class ReplicaView:
 
 
 class ModelReplica:
-    """Deployment class of a model version: ``plan`` is the version it serves, ``model`` the model as served (its
-    versions, which are deployed, its default), ``others`` handles to the other deployed versions' deployments (the
-    ingress replica's; empty for the others), ``server`` the inference API's settings."""
+    """Deployment class of a model version: ``plan`` is the version it serves, ``server`` the inference API's
+    settings; the model as served (its versions, which are deployed, its default) comes in ``user_config``."""
 
-    def __init__(
-        self,
-        model: ServedModel,
-        plan: VersionPlan,
-        others: Mapping[str, Any] | None = None,
-        server: ServerConfig | None = None,
-    ) -> None:
+    def __init__(self, plan: VersionPlan, server: ServerConfig | None = None) -> None:
         self.plan = plan
         self.stuck: str | None = None
         # Ray ends a replica's process without atexit at times: the next replica on the host removes what it left
@@ -139,14 +131,16 @@ class ModelReplica:
             f"{self.plan.name}/{self.plan.version}/{os.getpid()}",
             self.controller.describe if self.controller is not None else None,
         )
-        self.view = ReplicaView(self, model, others or {})
+        self.view = ReplicaView(self, served_model({}, plan))
         self.app = create_inference_app(self.view, server or ServerConfig(), metrics=self.metrics)
         freeze_heap(collect=False)  # Ray's worker, the handler's imports and the model: off the collector's full passes
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """``user_config`` changes apply in place, from the next batch on: the batch size (the batch queue's and the
-        handler's ``context.system_properties["batch_size"]``), the batch delay and the intra-op threads. Ray calls
-        this after ``__init__`` and on every ``user_config`` change, without restarting the replica."""
+        handler's ``context.system_properties["batch_size"]``), the batch delay, the intra-op threads, and the model
+        as served (another version registered, scaled or made the default). Ray calls this after ``__init__`` and on
+        every ``user_config`` change, without restarting the replica."""
+        self.view.model = served_model(user_config, self.plan)
         batch_size = int(user_config.get("batch_size", self.plan.batch_size))
         delay_ms = float(user_config.get("max_batch_delay_ms", DEFAULT_DELAY_S * 1000.0))
         self.set_batching(batch_size, delay_ms)

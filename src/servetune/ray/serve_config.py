@@ -1,19 +1,22 @@
 """The Ray Serve config file (``serve deploy`` / KubeRay ``serveConfigV2``) for a set of planned models.
 
-One application per model name at ``/predictions/<name>`` whose ingress is the default version's deployment (the
-proxy hands each request straight to a replica: one hop), plus a small ``servetune`` application at ``/`` for
-``/ping`` and TorchServe's 404s. Knobs: workers -> ``num_replicas`` (``autoscaling_config`` when max > min),
-batch size and delay -> ``@serve.batch`` max size and wait, through ``user_config`` (changed in place by
-``reconfigure``), ``deviceType: gpu`` -> one GPU per replica.
+One application per deployed model version, named as its deployment (``resnet18_v1_0``); the default version's is at
+``/predictions/<name>`` (its replicas are the model's ingress: the proxy hands each request straight to one, one hop)
+and the others have no route (the ingress reaches them through their handles); plus a small ``servetune``
+application at ``/`` for ``/ping`` and TorchServe's 404s. Knobs: workers -> ``num_replicas``
+(``autoscaling_config`` when max > min), batch size and delay -> ``@serve.batch`` max size and wait, through
+``user_config`` (changed in place by ``reconfigure``), ``deviceType: gpu`` -> one GPU per replica.
 
-Only ``num_replicas``/``autoscaling_config``/``user_config``/``max_ongoing_requests`` changes keep replicas: Ray
-hashes the import path and args into the code version, so anything else redeploys the application. The args are
-typed at both ends: :class:`ModelArgs` (the model as served, each deployed version's plan as its replicas load it,
-the API settings) and :class:`FrontendArgs` (every model as served, start-up state, the API settings), written here
-with ``to_json`` and read back by the application builders (``servetune.ray.app``) with ``from_json``. The
-frontend's args hold only the API settings; what changes as models come and go (the models served, the start-up
-state) is its deployment's ``user_config``, applied in place by ``reconfigure``: a registration, a scaling or the end
-of start-up never replaces the replica that answers ``/ping``.
+Only ``num_replicas``/``autoscaling_config``/``user_config``/``max_ongoing_requests``/``route_prefix`` changes keep
+replicas: Ray hashes the import path and args into the application's code version, so a change of the args replaces
+every replica of the application. Hence an application per version, whose args are only what its replicas load
+with (:class:`VersionArgs`: the version's plan and the API settings): registering, scaling or removing one version,
+or making another the default, never replaces another version's replicas. What changes as versions come and go (the
+model as served: its versions, which are deployed, its default) is each deployment's ``user_config``, applied in
+place by ``reconfigure``; the same holds for the frontend (:class:`FrontendArgs`: only the API settings in its args,
+the models served and the start-up state in its ``user_config``), so that the replica that answers ``/ping`` is never
+replaced. The args are typed at both ends: written here with ``to_json``, read back by the application builders
+(``servetune.ray.app``) with ``from_json``.
 """
 
 from __future__ import annotations
@@ -54,38 +57,29 @@ def api_config(settings: Any) -> ServerConfig:
 
 
 @dataclass(frozen=True)
-class ModelArgs:
-    """A model application's args: what its replicas are built from (``servetune.ray.app:model_app``)."""
+class VersionArgs:
+    """A version's application args: what its replicas are built from (``servetune.ray.app:model_app``)."""
 
-    model: ServedModel
-    plans: dict[str, VersionPlan]  # each deployed version's plan
+    plan: VersionPlan  # the version's plan, as its replicas load it
     server: ServerConfig = field(default_factory=ServerConfig)
 
-    def __post_init__(self) -> None:
-        if not self.model.serving:
-            raise ValueError(f"model {self.model.name}: its default version {self.model.default!r} has no workers")
-        if set(self.plans) != set(self.model.deployed):
-            raise ValueError(
-                f"model {self.model.name}: plans for {sorted(self.plans)}, deployed {list(self.model.deployed)}"
-            )
-
     def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model.to_json(),
-            "versions": {v: plan.to_json() for v, plan in sorted(self.plans.items())},
-            "server": server_settings(self.server),
-        }
+        return {"version": self.plan.to_json(), "server": server_settings(self.server)}
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> ModelArgs:
-        plans = raw.get("versions")
-        if not isinstance(plans, dict):
-            raise ValueError(f"versions: expected a mapping of version -> plan, got {plans!r}")
-        return cls(
-            ServedModel.from_json(raw.get("model")),
-            {str(v): VersionPlan.from_json(plan) for v, plan in plans.items()},
-            api_config(raw.get("server") or {}),
-        )
+    def from_json(cls, raw: dict[str, Any]) -> VersionArgs:
+        plan = raw.get("version")
+        if not isinstance(plan, dict):
+            raise ValueError(f"version: expected the version's plan (a mapping), got {plan!r}")
+        return cls(VersionPlan.from_json(plan), api_config(raw.get("server") or {}))
+
+
+def served_model(user_config: dict[str, Any], plan: VersionPlan) -> ServedModel:
+    """The model as served, from a version deployment's ``user_config`` (before Ray passes one: the version alone)."""
+    raw = user_config.get("model")
+    if raw is None:
+        return ServedModel(plan.name, plan.version, (plan.version,), (plan.version,))
+    return ServedModel.from_json(raw)
 
 
 @dataclass(frozen=True)
@@ -140,12 +134,16 @@ def max_ongoing_requests(batch_size: int, batches: int = ONGOING_BATCHES) -> int
     return batches * batch_size
 
 
-def deployment_options(plan: RayVersion) -> dict[str, Any]:
+def deployment_options(plan: RayVersion, served: ServedModel | None = None) -> dict[str, Any]:
+    """The version's deployment; ``served``: the model as served, told to its replicas in ``user_config``."""
+    user_config: dict[str, Any] = dict(plan.user_config())
+    if served is not None:
+        user_config["model"] = served.to_json()
     options: dict[str, Any] = {
         "name": deployment_name(plan.name, plan.version),
         "max_ongoing_requests": max_ongoing_requests(plan.batch_limit, plan.ongoing_batches),
         "max_queued_requests": plan.plan.job_queue_size,
-        "user_config": plan.user_config(),
+        "user_config": user_config,
         "ray_actor_options": {"num_cpus": plan.num_cpus, "num_gpus": 1 if plan.plan.gpu else 0},
         "graceful_shutdown_timeout_s": max(5.0, float(plan.plan.response_timeout_s)),
         "health_check_period_s": 2.0,
@@ -163,17 +161,20 @@ def deployment_options(plan: RayVersion) -> dict[str, Any]:
     return options
 
 
-def model_application(model: ModelPlan, server: ServerConfig) -> dict[str, Any]:
-    """The model's application; versions scaled to 0 workers have no deployment and answer 503 (as TorchServe)."""
+def version_applications(model: ModelPlan, server: ServerConfig) -> list[dict[str, Any]]:
+    """An application per deployed version, the default's at ``/predictions/<name>``; versions scaled to 0 workers
+    have none and answer 503 (as TorchServe), and so has every version of a model whose default has none."""
     served = model.served
-    args = ModelArgs(served, {v: model.versions[v].plan for v in served.deployed}, server)
-    return {
-        "name": model.name,
-        "route_prefix": f"/predictions/{model.name}",
-        "import_path": MODEL_APP_IMPORT,
-        "args": args.to_json(),
-        "deployments": [deployment_options(model.versions[v]) for v in served.deployed],
-    }
+    return [
+        {
+            "name": deployment_name(model.name, version),
+            "route_prefix": f"/predictions/{model.name}" if version == model.default_version else None,
+            "import_path": MODEL_APP_IMPORT,
+            "args": VersionArgs(model.versions[version].plan, server).to_json(),
+            "deployments": [deployment_options(model.versions[version], served)],
+        }
+        for version in served.deployed
+    ]
 
 
 def frontend_application(
@@ -217,7 +218,7 @@ def serve_config(
         "http_options": {"host": host, "port": port},
         "applications": [
             frontend_application(models, server, starting, failed),
-            *(model_application(m, server) for m in models if m.serving),
+            *(app for m in models for app in version_applications(m, server)),
         ],
     }
 
@@ -230,11 +231,13 @@ def write_serve_config(path: Path, config: dict[str, Any]) -> Path:
 __all__ = [
     "SERVER_KEYS",
     "FrontendArgs",
-    "ModelArgs",
+    "VersionArgs",
     "api_config",
     "deployment_options",
     "max_ongoing_requests",
     "serve_config",
+    "served_model",
     "server_settings",
+    "version_applications",
     "write_serve_config",
 ]
