@@ -22,9 +22,11 @@ def backend_server(
     store: Path,
     models: dict[str, str],
     properties: dict[str, str],
+    ray_address: str = "local",
 ) -> EmbeddedServer | InProcessServer:
-    """A server (not started) of ``backend`` over ``store``; on Ray, a private local instance with room for 4 CPUs;
-    ``fake``: in this process. Skips the test where Ray is not installed."""
+    """A server (not started) of ``backend`` over ``store``; on Ray, on the cluster at ``ray_address`` (``local``: a
+    private local instance with room for 4 CPUs); ``fake``: in this process. Skips the test where Ray is not
+    installed."""
     if backend == "fake":
         return InProcessServer(store, models, properties, workdir=tmp_path_factory.mktemp("server-fake"))
     if backend == "ray" and not HAS_RAY:
@@ -35,7 +37,7 @@ def backend_server(
         properties,
         workdir=tmp_path_factory.mktemp(f"server-{backend}"),
         backend=backend,
-        ray_address="local",
-        ray_num_cpus=4,
+        ray_address=ray_address,
+        ray_num_cpus=4 if ray_address == "local" else None,
         startup_timeout=240,
     )

@@ -165,13 +165,14 @@ def _state_file() -> Path:
 
 
 def shared_cluster() -> LocalRayCluster:
-    """The run's cluster: a head (2 CPUs) and a second node (1 CPU), started by the first caller of any process."""
+    """The run's cluster: a head (3 CPUs) and a second node (1 CPU), started by the first caller of any process (the
+    API suite's Ray server holds a replica on each of 4 CPUs at most)."""
     state = _state_file()
     with open(state.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if state.exists():
             return LocalRayCluster.attach(json.loads(state.read_text()))
-        cluster = LocalRayCluster().start()
+        cluster = LocalRayCluster(head_cpus=3).start()
         state.write_text(json.dumps(cluster.state()))
         return cluster
 

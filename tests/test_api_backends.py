@@ -18,9 +18,10 @@ from typing import Any
 import grpc
 import pytest
 
-from backends import BACKENDS, backend_server
+from backends import BACKENDS, HAS_RAY, backend_server
 from http_client import Reply, burst, call, wait_for
 from models import sleep_archive
+from ray_cluster import cluster_fixture  # noqa: F401  (the fixture ``cluster``)
 from servetune.embedded import EmbeddedServer
 from servetune.protos import HEALTH, OIP, TORCHSERVE_INFERENCE, methods
 
@@ -67,7 +68,9 @@ def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     build_store(store)
     properties = {"default_workers_per_model": "1", "enable_model_api": "true", "max_request_size": "100000"}
     models = {"sleep": "sleep1.mar", "slow": "slow.mar", "narrow": "narrow.mar"}
-    server = backend_server(backend, tmp_path_factory, store, models, properties)
+    # Ray: the run's cluster (ray_cluster.py; 4 CPUs: a replica each for the three models and sleep's version 2.0)
+    address = request.getfixturevalue("cluster").address if backend == "ray" and HAS_RAY else "local"
+    server = backend_server(backend, tmp_path_factory, store, models, properties, address)
     try:
         yield Api(server.start(), backend)
     finally:
