@@ -210,6 +210,8 @@ before this answer hung in one of them (a tight loop missed the window in three)
             time.sleep(0.05)
             assert len(statuses) < 2000, "the version kept answering after it was scaled to 0 workers"
         assert api.manage("PUT", "/models/sleep/2.0?min_worker=1&synchronous=true").status == 200
+        back = api.predict(b"back", "sleep/2.0")  # on Ray: through a new handle to the new deployment
+        assert back.status == 200, back.body
     assert api.manage("DELETE", "/models/sleep/2.0").status == 200
 
 

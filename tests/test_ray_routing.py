@@ -209,6 +209,28 @@ def test_the_replica_reaches_another_version_through_its_handle(
     assert dataclasses.replace(sent, is_disconnected=asked.is_disconnected) == asked
 
 
+def test_a_version_deployed_again_is_reached_through_a_new_handle(
+    two_versions: ModelPlan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handles are made once per version (Ray's lookup asks its controller) and forgotten once the version is no
+    longer deployed: scaled to 0 and back, it is a new deployment to Ray."""
+    made: list[str] = []
+
+    def get_deployment_handle(name: str, app_name: str) -> StandInHandle:
+        made.append(app_name)
+        return StandInHandle(name)
+
+    monkeypatch.setattr(handles.serve, "get_deployment_handle", get_deployment_handle)
+    monkeypatch.setattr(handles, "_handles", {})
+    first = handles.version_handle("m", "2.0")
+    assert handles.version_handle("m", "2.0") is first
+    handles.keep_deployed([two_versions.served])
+    assert handles.version_handle("m", "2.0") is first
+    handles.keep_deployed([_scaled(two_versions, "1.0", ("2.0",)).served])
+    again = handles.version_handle("m", "2.0")
+    assert again is not first and made == ["m_v2_0", "m_v2_0"]
+
+
 @pytest.mark.parametrize(
     ("error", "message"),
     [

@@ -144,9 +144,12 @@ class RayBackend:
     async def _deploy(self) -> None:
         """Apply the config; when the frontend's args changed (models served, idle, failed), wait until the new
         frontend answers, so that what the management API just said holds for the next request."""
+        from servetune.ray import handles
+
         config = self.serve_config()
         frontend = config["applications"][0]
         await asyncio.to_thread(self.cluster.deploy, config)
+        handles.keep_deployed([model.served for model in self.plans.values()])
         if frontend != self._frontend:
             self._frontend = frontend
             await asyncio.to_thread(self.cluster.wait_running, FRONTEND_APP, REMOVE_WAIT_S)

@@ -144,6 +144,7 @@ class Frontend:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         told = FrontendArgs.from_json({}, user_config)
         self.view.serve(told.models)
+        handles.keep_deployed(told.models)
         self.readiness.starting, self.readiness.failed = told.starting, dict(told.failed)
 
     async def __call__(self, request: Request) -> Response:

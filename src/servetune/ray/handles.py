@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any
 
 from ray import serve
@@ -24,7 +24,7 @@ from ray.serve.exceptions import BackPressureError, RayServeException
 
 from servetune._exceptions import ApiError
 from servetune.api.types import InferRequest, InferResult, ModelMetadata
-from servetune.ray.plan import deployment_name
+from servetune.ray.plan import ServedModel, deployment_name
 
 GONE_CHECK_S = 1.0
 _seen: dict[tuple[str, str], tuple[float, bool]] = {}  # (app, deployment) -> (when asked, gone); one ask a second
@@ -53,6 +53,14 @@ def version_handle(model: str, version: str) -> Any:
         handle = _handles[app] = serve.get_deployment_handle(app, app_name=app)
         _models[app] = model
     return handle
+
+
+def keep_deployed(models: Iterable[ServedModel]) -> None:
+    """Forget the handles of versions no longer deployed (told on every change of what is served): a version deployed
+    again is a new deployment to Ray, reached through a new handle."""
+    deployed = {deployment_name(model.name, version) for model in models for version in model.deployed}
+    for app in [app for app in _handles if app not in deployed]:
+        del _handles[app]
 
 
 def unavailable(exc: BaseException, doing: str) -> ApiError:
@@ -121,4 +129,4 @@ async def _stream(handle: Any, request: InferRequest, on_partial: Callable[[Infe
     return final
 
 
-__all__ = ["infer", "metadata", "unavailable", "version_handle"]
+__all__ = ["infer", "keep_deployed", "metadata", "unavailable", "version_handle"]

@@ -141,6 +141,7 @@ class ModelReplica:
         as served (another version registered, scaled or made the default). Ray calls this after ``__init__`` and on
         every ``user_config`` change, without restarting the replica."""
         self.view.model = served_model(user_config, self.plan)
+        handles.keep_deployed([self.view.model])
         batch_size = int(user_config.get("batch_size", self.plan.batch_size))
         delay_ms = float(user_config.get("max_batch_delay_ms", DEFAULT_DELAY_S * 1000.0))
         self.set_batching(batch_size, delay_ms)
