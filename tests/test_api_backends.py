@@ -191,6 +191,22 @@ def test_register_set_default_scale_to_zero_and_unregister(api: Api) -> None:
     assert {w["pid"] for w in api.manage("GET", "/models/sleep/1.0").json()[0]["workers"]} == workers
 
 
+def test_another_version_answers_while_the_default_has_no_workers(api: Api) -> None:
+    """Versions are independent, as TorchServe's: the default scaled to 0 workers answers 503, version 2.0 still
+    answers (on Ray, through the frontend, which holds the model's route meanwhile)."""
+    assert api.manage("POST", "/models?url=sleep2.mar&initial_workers=1&synchronous=true").status == 200
+    try:
+        assert api.manage("PUT", "/models/sleep/1.0?min_worker=0&synchronous=true").status == 200
+        idle = api.predict(b"x")
+        assert idle.status == 503, idle.body
+        other = api.predict(b"x", "sleep/2.0")
+        assert (other.status, other.json()["echo"]) == (200, "x"), other.body
+    finally:
+        assert api.manage("PUT", "/models/sleep/1.0?min_worker=1&synchronous=true").status == 200
+        assert api.manage("DELETE", "/models/sleep/2.0").status == 200
+    assert api.predict(b"back").status == 200
+
+
 def test_requests_sent_while_a_version_goes_to_zero_workers_are_all_answered(api: Api) -> None:
     """On Ray the ingress replica that routed a request may still hold the config before while the version's
     deployment is deleted: Ray's router would wait for a replica that never comes (a request hung for a minute in a

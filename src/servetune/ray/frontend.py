@@ -45,7 +45,7 @@ def deployment_ready(name: str, version: str) -> bool:
 
 
 def served_applications(models: Sequence[ServedModel]) -> list[str]:
-    """The applications of the models' deployed versions (none for a model whose default version has no workers)."""
+    """The applications of the models' deployed versions."""
     return [deployment_name(model.name, version) for model in models for version in model.deployed]
 
 
@@ -66,9 +66,10 @@ def cluster_healthy(applications: list[str]) -> bool:
 
 
 class FrontendView:
-    """The inference API's backend at ``/``. ``/predictions`` of a served model never reaches it (the model's own
-    application takes it); any other request for a model (a path its application does not own) goes to the version's
-    deployment through a handle."""
+    """The inference API's backend at ``/``. ``/predictions`` of a model whose default version has workers never
+    reaches it (the default's application takes it); any other request for a model (a path no application owns:
+    KServe's and OIP's, or any ``/predictions`` while the default has no workers) goes to the version's deployment
+    through a handle."""
 
     def __init__(self, models: Sequence[ServedModel]) -> None:
         self.serve(models)

@@ -146,9 +146,10 @@ class Resolved(NamedTuple):
 
 @dataclass(frozen=True)
 class ServedModel:
-    """A model as the frontend and its replicas see it: every registered version, those with a deployment, and the
-    default. A model whose default version has no workers has no application, so none of its versions is deployed.
-    Shipped in the Serve config's args (:meth:`to_json`)."""
+    """A model as the frontend and its replicas see it: every registered version, those with a deployment (workers),
+    and the default. Versions are independent, as TorchServe's: a default without workers answers 503 while another
+    version with workers answers (through the frontend, which then holds the model's route). Shipped in each
+    deployment's ``user_config`` and the frontend's (:meth:`to_json`)."""
 
     name: str
     default: str
@@ -160,12 +161,10 @@ class ServedModel:
             raise ValueError(f"model {self.name}: default version {self.default!r} is not one of {self.versions}")
         if not set(self.deployed) <= set(self.versions):
             raise ValueError(f"model {self.name}: deployed versions {self.deployed} are not all in {self.versions}")
-        if self.deployed and self.default not in self.deployed:
-            raise ValueError(f"model {self.name}: versions {self.deployed} are deployed without the default")
 
     @property
     def serving(self) -> bool:
-        """Whether the model has an application (its default version has workers)."""
+        """Whether the default version has workers (its application holds the model's route)."""
         return self.default in self.deployed
 
     def resolve(self, version: str | None) -> Resolved:
@@ -208,7 +207,7 @@ class ModelPlan:
     @property
     def served(self) -> ServedModel:
         """What the frontend and the replicas are told of this model."""
-        deployed = sorted(v for v, p in self.versions.items() if p.serving) if self.serving else []
+        deployed = sorted(v for v, p in self.versions.items() if p.serving)
         return ServedModel(self.name, self.default_version, tuple(sorted(self.versions)), tuple(deployed))
 
     def get(self, version: str | None) -> RayVersion:

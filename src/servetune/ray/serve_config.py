@@ -163,7 +163,8 @@ def deployment_options(plan: RayVersion, served: ServedModel | None = None) -> d
 
 def version_applications(model: ModelPlan, server: ServerConfig) -> list[dict[str, Any]]:
     """An application per deployed version, the default's at ``/predictions/<name>``; versions scaled to 0 workers
-    have none and answer 503 (as TorchServe), and so has every version of a model whose default has none."""
+    have none and answer 503 (as TorchServe); while the default has none, the frontend holds the model's route and
+    reaches the other versions through their handles."""
     served = model.served
     return [
         {
