@@ -37,8 +37,9 @@ HEALTHY_DEPLOYMENT_STATES = ("HEALTHY", "UPSCALING", "DOWNSCALING")
 
 def deployment_ready(name: str, version: str) -> bool:
     """The version's deployment is healthy (or scaling) with a running replica."""
-    app = serve.status().applications.get(deployment_name(name, version))
-    deployment = app.deployments.get(deployment_name(name, version)) if app is not None else None
+    app_name = deployment_name(name, version)  # the version's application is named as its deployment
+    app = serve.status().applications.get(app_name)
+    deployment = app.deployments.get(app_name) if app is not None else None
     if deployment is None or state_name(deployment.status) not in HEALTHY_DEPLOYMENT_STATES:
         return False
     return any(n for state, n in deployment.replica_states.items() if state_name(state) == "RUNNING")

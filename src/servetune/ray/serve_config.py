@@ -134,11 +134,9 @@ def max_ongoing_requests(batch_size: int, batches: int = ONGOING_BATCHES) -> int
     return batches * batch_size
 
 
-def deployment_options(plan: RayVersion, served: ServedModel | None = None) -> dict[str, Any]:
+def deployment_options(plan: RayVersion, served: ServedModel) -> dict[str, Any]:
     """The version's deployment; ``served``: the model as served, told to its replicas in ``user_config``."""
-    user_config: dict[str, Any] = dict(plan.user_config())
-    if served is not None:
-        user_config["model"] = served.to_json()
+    user_config: dict[str, Any] = {**plan.user_config(), "model": served.to_json()}
     options: dict[str, Any] = {
         "name": deployment_name(plan.name, plan.version),
         "max_ongoing_requests": max_ongoing_requests(plan.batch_limit, plan.ongoing_batches),
