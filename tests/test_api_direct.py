@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse
 from http_client import call, uvicorn_thread
 from kserve_models import build_store
 from models import sleep_archive
-from servetune.api.http1 import DIRECT_BODY_MAX, REGULAR_APP, OneWriteCycle
+from servetune.api.http1 import CLIENT_GONE_KEY, DIRECT_BODY_MAX, REGULAR_APP, OneWriteCycle
 from servetune.api.http_limits import HeaderLimits, guarded_protocol
 from servetune.embedded import EmbeddedServer
 from test_api_kserve import (  # noqa: F401 (collected here too: the same cases on the native backend)
@@ -58,10 +58,39 @@ def direct_answer(cycle: OneWriteCycle) -> None:
     asyncio.get_running_loop().call_soon(cycle.write_now, 200, [(b"content-type", b"text/plain")], b"direct:" + body)
 
 
+def scope_answer(cycle: OneWriteCycle) -> None:
+    """``/scope``: what the route saw of its request (the scope's fields a route reads, and the body), as JSON, on a
+    later turn of the loop."""
+    scope = cycle.scope
+    seen: dict[str, Any] = {
+        key: scope[key]  # type: ignore[literal-required]
+        for key in ("type", "http_version", "scheme", "root_path", "method", "path", "server")
+    }
+    seen["raw_path"] = scope["raw_path"].decode("latin-1")
+    seen["query_string"] = scope["query_string"].decode("latin-1")
+    seen["headers"] = [[n.decode("latin-1"), v.decode("latin-1")] for n, v in scope["headers"]]
+    seen["client_host"] = scope["client"][0] if scope["client"] else None
+    seen["asgi"] = scope["asgi"]
+    seen["body"] = bytes(cycle.body).decode("latin-1")
+    seen["client_gone"] = scope[CLIENT_GONE_KEY]()  # type: ignore[literal-required]
+    answer = json.dumps(seen).encode()
+    asyncio.get_running_loop().call_soon(cycle.write_now, 200, [(b"content-type", b"application/json")], answer)
+
+
+def later_answer(cycle: OneWriteCycle) -> None:
+    """``/later``: ``later:`` and the body, 0.3 s after the request started."""
+    body = bytes(cycle.body)
+    asyncio.get_running_loop().call_later(0.3, cycle.write_now, 200, [], b"later:" + body)
+
+
 def match(scope: Any) -> Any:
     path = scope["path"]
     if path == "/direct":
         return direct_answer
+    if path == "/scope":
+        return scope_answer
+    if path == "/later":
+        return later_answer
     if path == "/decline":
         return lambda cycle: REGULAR_APP
     if path == "/refuse":
@@ -69,9 +98,20 @@ def match(scope: Any) -> Any:
     return None
 
 
+class CountingProtocol(guarded_protocol(HeaderLimits(), match)):  # type: ignore[misc]
+    """The test's protocol, counting the requests the fast way took (``direct_whole``)."""
+
+    fast = 0
+
+    def direct_whole(self, data: bytes) -> bool:
+        took: bool = super().direct_whole(data)
+        CountingProtocol.fast += took
+        return took
+
+
 @pytest.fixture(scope="module")
 def protocol() -> Iterator[tuple[str, int]]:
-    with uvicorn_thread(asgi_app, guarded_protocol(HeaderLimits(), match)) as port:
+    with uvicorn_thread(asgi_app, CountingProtocol) as port:
         yield "127.0.0.1", port
 
 
@@ -164,6 +204,55 @@ def test_pipelined_requests_are_answered_in_order(protocol: tuple[str, int]) -> 
     pipelined = b"".join(head("/direct", len(b)) + b for b in (b"a", b"bb", b"ccc"))
     replies = exchange(protocol, pipelined, replies=3)
     assert [answer for _, _, answer in replies] == [b"direct:a", b"asgi:bb", b"asgi:ccc"]
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+@pytest.mark.parametrize("target", ["/scope", "/sc%6Fpe?x=1&y=%20z"])
+def test_a_request_whole_in_one_read_is_seen_as_one_that_came_in_parts(
+    protocol: tuple[str, int], target: str, version: str
+) -> None:
+    """A request whose head and body come in one read takes the fast way (its own parser, no uvicorn callbacks);
+    sent in three reads it takes the usual one: the route sees the same request either way."""
+    extra = "X-Trailing:  spaced \t\r\nConnection: keep-alive\r\n"
+    whole = head(target, 5, extra, version) + b"hello"
+    fast = CountingProtocol.fast
+    [(status, _, one_read)] = exchange(protocol, whole)
+    assert CountingProtocol.fast == fast + 1
+    [(status_parts, _, in_parts)] = exchange(protocol, whole[:20], whole[20:-2], whole[-2:], gap_s=0.05)
+    assert CountingProtocol.fast == fast + 1
+    assert status == status_parts == 200
+    seen, seen_parts = json.loads(one_read), json.loads(in_parts)
+    assert seen == seen_parts
+    assert seen["path"] == "/scope" and seen["method"] == "POST" and seen["http_version"] == version
+    assert ["x-trailing", "spaced"] in seen["headers"] and seen["body"] == "hello" and seen["client_gone"] is False
+
+
+def test_a_whole_request_past_a_head_limit_is_refused_as_one_in_parts(protocol: tuple[str, int]) -> None:
+    """The fast way takes only heads within the limits; past one, the usual way's refusal answers (431 here)."""
+    many = "".join(f"X-H{i}: v\r\n" for i in range(HeaderLimits().count + 1))
+    [(status, headers, _)] = exchange(protocol, head("/direct", 2, many) + b"hi")
+    assert status == 431 and headers["connection"] == "close"
+
+
+def test_a_request_that_comes_while_the_last_is_answered_waits_its_turn(protocol: tuple[str, int]) -> None:
+    """The fast way starts a request only between requests: one read while the request before it is still being
+    answered is queued (pipelined) and answered after it, in order."""
+    fast = CountingProtocol.fast
+    replies = exchange(protocol, head("/later", 1) + b"a", head("/direct", 2) + b"bb", replies=2, gap_s=0.05)
+    assert [answer for _, _, answer in replies] == [b"later:a", b"asgi:bb"]
+    assert CountingProtocol.fast == fast + 1  # the first
+
+
+def test_many_whole_requests_on_one_connection_are_each_answered(protocol: tuple[str, int]) -> None:
+    fast = CountingProtocol.fast
+    with socket.create_connection(protocol, timeout=READ_TIMEOUT_S) as sock:
+        reader = sock.makefile("rb")
+        for i in range(200):
+            body = b"%d" % i
+            sock.sendall(head("/direct", len(body)) + body)
+            assert read_reply(reader)[2] == b"direct:" + body
+        reader.close()
+    assert CountingProtocol.fast == fast + 200
 
 
 # ---- a real server: the direct way and the ASGI way answer alike ----------------------------------------------------

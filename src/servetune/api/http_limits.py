@@ -39,7 +39,7 @@ from typing import Any, cast
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from servetune.api.http1 import DirectMatch, KeepAliveHttpToolsProtocol
+from servetune.api.http1 import DIRECT_BODY_MAX, DirectMatch, KeepAliveHttpToolsProtocol
 
 SLICE = 8192
 # After a refusal, what the client still sends is read and dropped for a while before the connection closes (as
@@ -126,6 +126,18 @@ def _only_its_body(raw: bytes, end: int) -> bool:
     return declared is not None and len(raw) - end <= int(declared.group(1))
 
 
+def _whole_head_end(raw: bytes, limits: HeaderLimits) -> int:
+    """Where a head that is whole in ``raw`` ends (after its empty line), when it is within ``limits``; -1 when it is
+    not whole there, or passes a limit (the line-by-line count then says which)."""
+    end = raw.find(b"\r\n\r\n")
+    if end < 0 or end + 4 > limits.size:
+        return -1
+    lines = raw[:end].split(b"\r\n")
+    if len(lines) - 1 > limits.count or max(map(len, lines)) + 1 > limits.line:
+        return -1
+    return end + 4
+
+
 def _body_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     """The body a request's head declares: its ``Content-Length`` (0 without one), None when chunked (the parser
     checked the values: one valid length, no length beside a transfer coding)."""
@@ -185,6 +197,12 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._between_requests() and self._fits(data) and self.direct_whole(data):
+            # one whole direct request, within the limits, started (http1.py's fast way): as after a request whose
+            # body is in, the next bytes begin the next head
+            self._cancel_head_timer()
+            self._in_head = False
+            return
         self._receive(data)
         # A head that began in this read and is not complete at its end: its time runs from now (one timer per
         # unfinished head, rather than one armed and cancelled for every request whose head came whole)
@@ -256,21 +274,39 @@ class GuardedHttpToolsProtocol(KeepAliveHttpToolsProtocol):
         else:
             self._refuse_in_turn(*refused)
 
+    def _between_requests(self) -> bool:
+        """Nothing of a request has come since the last one was in (or the connection opened), none is being
+        answered or queued, nothing refused: a read may begin and end one whole request (the fast way)."""
+        if self.direct is None or self._lingering >= 0 or self._held is not None or self.pipeline:
+            return False
+        if self._in_head:
+            if self._head_bytes:
+                return False
+        elif self._body_left != 0 or self._in_body:
+            return False
+        cycle = self.cycle
+        return (cycle is None or cycle.response_complete) and self._deferred is None
+
+    def _fits(self, data: bytes) -> bool:
+        """``data`` is a whole head within the limits (checked as :meth:`_count` checks a head that came whole) and
+        then exactly the body its ``Content-Length`` declares, of at most what a direct route waits for: anything
+        else is parsed the usual way (which refuses what passes a limit), with no parse spent on it before."""
+        if len(data) > SLICE + DIRECT_BODY_MAX or (end := data.find(b"\r\n\r\n")) < 0:
+            return False
+        declared = _CONTENT_LENGTH.search(data, 0, end + 4)
+        if declared is None or len(data) - end - 4 != int(declared.group(1)):
+            return False  # a head alone (its body in the next read), or more than one request
+        return _whole_head_end(data, self.limits) == end + 4
+
     def _count(self, raw: bytes) -> tuple[int, str] | None:
         """Account for a slice of the head before it is parsed: the refusal when it passes a limit, else None."""
         limits = self.limits
         self._head_end = -1
         if self._head_bytes == 0:  # the common case, a whole head in one read: checked at C speed
-            end = raw.find(b"\r\n\r\n")
+            end = _whole_head_end(raw, limits)
             if end >= 0:
-                lines = raw[:end].split(b"\r\n")
-                if (
-                    end + 4 <= limits.size
-                    and len(lines) - 1 <= limits.count
-                    and max(map(len, lines)) + 1 <= limits.line
-                ):
-                    self._head_bytes = self._head_end = end + 4
-                    return None
+                self._head_bytes = self._head_end = end
+                return None
         start = 0
         while True:
             newline = raw.find(b"\n", start)
