@@ -49,7 +49,7 @@ import asyncio
 import urllib.parse
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import h11
 import httptools
@@ -420,8 +420,7 @@ class KeepAliveHttpToolsProtocol(httptools_impl.HttpToolsProtocol):
         # taken: from here on, as the usual way's callbacks would leave the protocol for this request
         self._unset_keepalive_if_required()
         self.url, self.headers, self.scope = whole.url, headers, scope
-        cycle_class = OneWriteCycle if version != "1.0" else _Http10Cycle
-        cycle = cycle_class(
+        cycle = httptools_impl.RequestResponseCycle(  # as uvicorn's on_headers_complete makes it
             scope=scope,
             transport=self.transport,
             flow=self.flow,
@@ -431,15 +430,14 @@ class KeepAliveHttpToolsProtocol(httptools_impl.HttpToolsProtocol):
             default_headers=self.server_state.default_headers,
             message_event=asyncio.Event(),
             expect_100_continue=False,
-            keep_alive=whole.keep_alive if version != "1.0" else wants_keep_alive(headers),
+            keep_alive=version != "1.0" and whole.keep_alive,
             on_response=self.on_response_complete,
         )
         cycle.body, cycle.more_body = bytearray(whole.body), False
         cycle.message_event.set()  # the body is in: an ASGI app's ``receive`` has it at once
-        scope[CLIENT_GONE_KEY] = lambda: cycle.disconnected
-        scope[WRITE_WHOLE_KEY] = cycle.write_whole
+        self._servetune_cycle(cycle)
         self.cycle = cycle
-        self._begin(cycle, start)
+        self._begin(cast(OneWriteCycle, cycle), start)
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -451,6 +449,11 @@ class KeepAliveHttpToolsProtocol(httptools_impl.HttpToolsProtocol):
         cycle = self.cycle
         if cycle is None or cycle.scope is not self.scope:  # an upgrade: no cycle was made for this request
             return
+        self._servetune_cycle(cycle)
+
+    def _servetune_cycle(self, cycle: httptools_impl.RequestResponseCycle) -> None:
+        """Make uvicorn's cycle for the request just parsed (``self.scope``, ``self.headers``) servetune's: one write
+        per response, HTTP/1.0 keep-alive, and the scope's keys the API layer reads."""
         # The API layer reads this instead of watching ``receive()`` with a task per request.
         self.scope[CLIENT_GONE_KEY] = lambda: cycle.disconnected  # type: ignore[literal-required]
         if self.scope["http_version"] != "1.0":
