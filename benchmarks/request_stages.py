@@ -26,8 +26,8 @@ The stages (the mark that ends each):
     W3  the result frame encoded
     W4  written back to the frontend
     F5  the frontend reads the result (its wake)
-    F6  the batch delivered (the frame decoded, the slot's task resumed, each request's result)
-    F7  the answer's callback runs (the loop's turn)
+    F6  the batch's delivery starts (the frame decoded, in the read callback)
+    F7  the answer's callback runs (each request's result set; in the same turn of the loop)
     F8  the answer rendered (the request's metrics, the headers)
     F9  written to the client (the head and body in one write)
     C1  the client has the answer (its wake, its read)
@@ -81,15 +81,19 @@ atexit.register(dump)
 '''
 
 # (file, the exact source lines, the statement, before or after them). The statement is indented as the lines' first.
-MARKS: list[tuple[str, str, str, str]] = [
+# (file, the line(s) to mark, the statement, where); a tuple of lines: the line in this tree, or the one it replaced
+# in an earlier tree (so that two trees can be measured in one run)
+MARKS: list[tuple[str, str | tuple[str, ...], str, str]] = [
     ("api/http_limits.py", "    def data_received(self, data: bytes) -> None:\n        if self._between_requests()",
      "mark('F0')", "inside"),
     ("api/rest.py", "        gateway, scope = self.gateway, cast(Scope, cycle.scope)", "mark('F1')", "before"),
-    ("api/rest.py", "        future.add_done_callback(partial(self._answer, cycle, call, who, job))", "mark('F2')",
+    ("api/rest.py", ("        future.add_done_callback(answer)",
+                     "        future.add_done_callback(partial(self._answer, cycle, call, who, job))"), "mark('F2')",
      "after"),
     ("server/process.py", "            channel.send(batches[0].encode() if len(batches) == 1", "mark('F3')",
      "before-try"),
-    ("server/process.py", "        self._pending.extend(sent)", "mark('F4')", "after"),
+    ("server/process.py", ("        self._pending.extend(zip(sent, now or [None] * len(sent), strict=True))",
+                           "        self._pending.extend(sent)"), "mark('F4')", "after"),
     ("server/worker.py", "            message = decode_message(*frames.next())", "mark('W0')", "after"),
     ("server/worker.py", "        responses = service.predict(requests)", "mark('W1')", "before"),
     ("server/worker.py", "        responses = service.predict(requests)", "mark('W2')", "after"),
@@ -101,7 +105,8 @@ MARKS: list[tuple[str, str, str, str]] = [
     ("server/messages.py", "        if self._error is not None:\n            return\n        frames = self._frames",
      "mark('F5')", "before"),
     ("server/pool.py",
-     '        """Each request of the batch its answer (one per request, else every request fails)."""',
+     ("        request's ``on_answer`` runs now (``Job.answer``), not in a later turn of the loop.\"\"\"",
+      '        """Each request of the batch its answer (one per request, else every request fails)."""'),
      "mark('F6')", "after"),
     ("api/rest.py", "        response: Response\n        if future.cancelled():", "mark('F7')", "before"),
     ("api/rest.py", "            cycle.write_now(response.status_code, response.fields, response.body)",
@@ -121,10 +126,14 @@ def marked_copy(src: Path, dest: Path) -> Path:
     package = dest / "servetune"
     (package / "_stage_marks.py").write_text(MARKS_MODULE)
     texts: dict[str, str] = {}
-    for name, lines, statement, where in MARKS:
+    for name, alternatives, statement, where in MARKS:
         text = texts.get(name) or (package / name).read_text()
-        if text.count(lines) != 1:
-            raise SystemExit(f"{src}: {name}: the line to mark is not there exactly once (moved?):\n{lines}")
+        choices = (alternatives,) if isinstance(alternatives, str) else alternatives
+        found = [lines for lines in choices if text.count(lines) == 1]
+        if len(found) != 1:
+            shown = "\n".join(choices)
+            raise SystemExit(f"{src}: {name}: the line to mark is not there exactly once (moved?):\n{shown}")
+        lines = found[0]
         first = lines.splitlines()[0]
         indent = first[: len(first) - len(first.lstrip())]
         if where == "before":

@@ -21,7 +21,7 @@ from procfs import anonymous_memory
 from servetune._exceptions import ParentUnavailable, WorkerDied, WorkerLoadError
 from servetune.api.types import InferRequest, Input
 from servetune.handlers.spec import WorkerSpec
-from servetune.server.messages import Predict
+from servetune.server.messages import Predict, Result
 from servetune.server.parent import Forking, ModelParent
 from servetune.server.process import WorkerProcess
 
@@ -146,6 +146,38 @@ def test_batches_sent_in_one_write_are_answered_in_order_and_a_death_fails_those
     answers, first, failed = run_on_uvloop(main)
     assert answers == [b"a%d" % i for i in range(8)] and first == b"ok"
     assert len(failed) == 2 and all("died" in f for f in failed)
+
+
+def test_a_batchs_result_is_offered_in_the_read_callback_before_its_future_is_answered(tmp_path: Path) -> None:
+    """``send(now=...)``: each batch's function is offered its ``Result`` as the frame is read, while its future is
+    still pending (the pool answers the requests from there); taken or declined, the future gets the same result, and
+    a batch that fails (its worker died) offers nothing."""
+
+    async def main() -> tuple[list[tuple[str, bool, bytes]], list[bytes], int]:
+        worker = WorkerProcess("9000", spec(tmp_path / "m", ECHO), dict(os.environ))
+        await worker.start(120.0)
+        offered: list[tuple[str, bool, bytes]] = []
+        futures: list[asyncio.Future[Any]] = []
+
+        def offer(name: str, take: bool) -> Callable[[Result], bool]:
+            def now(result: Result) -> bool:
+                offered.append((name, futures[len(offered)].done(), result.answers[0].body))
+                return take
+
+            return now
+
+        sent = await worker.send([one(b"a"), one(b"b")], [offer("a", True), offer("b", False)])
+        futures.extend(sent)
+        answers = [(await worker.result(p, 60.0)).answers[0].body for p in sent]
+        sent = await worker.send([one(b"die")], [offer("die", True)])
+        with pytest.raises(WorkerDied):
+            await worker.result(sent[0], 60.0)
+        await worker.wait_reaped(10.0)
+        return offered, answers, len(offered)
+
+    offered, answers, count = run_on_uvloop(main)
+    assert offered == [("a", False, b"a"), ("b", False, b"b")] and count == 2
+    assert answers == [b"a", b"b"]
 
 
 @pytest.mark.parametrize("started", ["spawned", "forked"])

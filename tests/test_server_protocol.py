@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from servetune._exceptions import ApiError
-from servetune.api.types import InferRequest
+from servetune.api.types import InferRequest, InferResult
 from servetune.server.batcher import Batcher, Job, QueueFull
 from servetune.server.messages import (
     FrameBuffer,
@@ -405,3 +405,45 @@ def test_a_frame_that_claims_more_descriptors_than_came_is_refused() -> None:
     buffer.feed(encode({"n": 0}, fds=1), [])
     with pytest.raises(ProtocolError, match="carries 1 file descriptors, 0 came"):
         buffer.next_frame()
+
+
+def test_a_jobs_answer_runs_its_requests_on_answer_in_the_same_turn_and_once() -> None:
+    """``Job.answer``: the request's ``on_answer`` (a done callback of its future) runs before ``answer`` returns,
+    not a turn of the loop later, and is not run again as a scheduled callback; the future's other callbacks run as
+    usual. Without ``on_answer`` (or once it was removed), ``answer`` is ``set_result``."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        job = _job(loop, "now")
+        seen: list[str] = []
+
+        def on_answer(future: asyncio.Future[InferResult]) -> None:
+            seen.append(f"now:{future.result().status}")
+
+        job.request.on_answer = on_answer
+        job.future.add_done_callback(on_answer)
+        job.future.add_done_callback(lambda _: seen.append("other"))
+        job.answer(InferResult(200, b"", None))
+        assert seen == ["now:200"]  # before any turn of the loop
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert seen == ["now:200", "other"]
+
+        plain = _job(loop, "plain")
+        plain.future.add_done_callback(lambda f: seen.append(f"plain:{f.result().status}"))
+        plain.answer(InferResult(201, b"", None))
+        assert seen[-1] == "other"  # scheduled, as set_result schedules
+        await asyncio.sleep(0)
+        assert seen[-1] == "plain:201"
+
+        failing = _job(loop, "failing")
+
+        def broken(_: asyncio.Future[InferResult]) -> None:
+            raise RuntimeError("a bug in the answer's callback")
+
+        failing.request.on_answer = broken
+        failing.future.add_done_callback(broken)
+        failing.answer(InferResult(200, b"", None))  # logged, as the loop logs a callback's failure; not raised
+        assert failing.future.result().status == 200
+
+    asyncio.run(main())

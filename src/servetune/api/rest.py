@@ -375,7 +375,8 @@ class DirectCall:
         if call is None or submitted is None:
             return REGULAR_APP
         future, job = submitted
-        future.add_done_callback(partial(self._answer, cycle, call, who, job))
+        job.on_answer = answer = partial(self._answer, cycle, call, who, job)  # the answer's write, without a turn
+        future.add_done_callback(answer)
         return None
 
     def _answer(

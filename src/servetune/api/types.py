@@ -16,6 +16,8 @@ from servetune.handlers.control import DEFAULT, Control
 from servetune.handlers.service import InputParam
 
 if TYPE_CHECKING:  # annotations only: a worker process imports this module (messages) and needs no numpy
+    import asyncio
+
     from servetune.api.metrics import ApiMetrics
     from servetune.api.plan import RegisterParams, VersionPlan
     from servetune.tensors import TensorMetadata
@@ -45,6 +47,10 @@ class InferRequest:
     # time.monotonic() after which the client no longer waits (gRPC's deadline; None: none): the native batcher drops
     # the request rather than run it. Meaningful in this process only (a monotonic clock is per host).
     deadline: float | None = None
+    # One of the done callbacks of the request's future (added there too), that the native backend runs the moment it
+    # sets the result rather than a turn of the loop later (a direct route writes its answer from it). Any other way
+    # the future ends (an error, a cancel) runs it as the done callback it is. Frontend only, like the future.
+    on_answer: Callable[[asyncio.Future[InferResult]], None] | None = None
 
     @property
     def solo(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 from servetune._exceptions import ApiError, ServetuneError
 from servetune.api.types import InferRequest, InferResult
+
+log = logging.getLogger("servetune.batcher")
 
 
 @dataclass(slots=True)
@@ -38,6 +41,19 @@ class Job:
     def solo(self) -> bool:
         """Runs in a batch of its own (a describe request, a stream: see ``InferRequest.solo``)."""
         return self.request.solo
+
+    def answer(self, result: InferResult) -> None:
+        """Set the result. The request's ``on_answer`` (one of the future's done callbacks) runs now, in this turn of
+        the loop, rather than in the next one as the future's callbacks do; the others as usual."""
+        future, now = self.future, self.request.on_answer
+        if now is None or not future.remove_done_callback(now):
+            future.set_result(result)
+            return
+        future.set_result(result)
+        try:
+            now(future)
+        except Exception:  # as the loop reports a callback's failure
+            log.exception("an answer's callback failed")
 
     @property
     def abandoned(self) -> bool:

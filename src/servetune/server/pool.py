@@ -40,6 +40,35 @@ HEALTHY_AFTER_S = 60.0  # a worker that ran this long resets its slot's crash co
 FIRST_WORKER_ID = 9000  # TorchServe numbers its workers from 9000
 
 
+class _Delivery:
+    """A batch's answers given in the worker's read callback, the moment its result is read (``WorkerProcess.send``),
+    when no request waits in the queue: each answer goes out in that turn of the loop, not two turns later after the
+    slot's task has resumed. When requests wait, it declines and the slot's task delivers as before, after sending the
+    worker its next batch (the worker is not kept idle while answers are written). A failure of ours in the callback
+    fails the batch's requests still waiting (503), as a failure in the slot's task would."""
+
+    __slots__ = ("pool", "batch", "started", "worker", "done")
+
+    def __init__(self, pool: WorkerPool, batch: list[Job], started: float, worker: WorkerProcess) -> None:
+        self.pool = pool
+        self.batch = batch
+        self.started = started
+        self.worker = worker
+        self.done = False
+
+    def __call__(self, result: Result) -> bool:
+        pool = self.pool
+        if len(pool.model.batcher):
+            return False
+        self.done = True
+        try:
+            pool._deliver(self.batch, result, self.started, self.worker, at_once=True)
+        except Exception as exc:  # a bug of ours must not leave the batch's requests waiting
+            log.exception("model %s: batch failed in the frontend", pool.model.name)
+            pool._fail(self.batch, ApiError.unavailable(f"Batch failed in the frontend: {exc!r}"))
+        return True
+
+
 @dataclass
 class WorkerSlot:
     """A place for one worker; it keeps its crash history across restarts."""
@@ -153,8 +182,11 @@ class WorkerPool:
             reason = model.batcher.last_reason
             oldest_ms = (started - min(j.arrival for j in batch)) * 1000.0
             predicted_ms = controller.dispatched(worker.worker_id, len(batch))
+        # without a controller (which times the batch first), answered from the read callback (``_Delivery``)
+        delivery = None if controller is not None else _Delivery(self, batch, started, worker)
         try:
-            result = await worker.run(predict, float(model.plan.response_timeout_s))
+            (pending,) = await worker.send([predict], [delivery])
+            result = await worker.result(pending, float(model.plan.response_timeout_s))
             actual_ms = (time.monotonic() - started) * 1000.0
         except (WorkerTimeout, WorkerDied) as exc:
             self._batch_failed(batch, worker, exc)
@@ -163,7 +195,8 @@ class WorkerPool:
             worker.on_partial = None
             if controller is not None:  # a failed batch teaches the fit nothing (NaN), but is counted
                 controller.finished(worker.worker_id, len(batch), reason, oldest_ms, predicted_ms, actual_ms)
-        self._deliver(batch, result, started, worker)
+        if delivery is None or not delivery.done:
+            self._deliver(batch, result, started, worker)
 
     async def _dispatch_several(self, slot: WorkerSlot, worker: WorkerProcess, batches: list[list[Job]]) -> None:
         """Batches of a light model that were all due, sent to the worker in one write; each answered as its result
@@ -180,15 +213,18 @@ class WorkerPool:
         worker.on_partial = self._partials(jobs, worker.worker_id)
         done = 0  # batches answered or failed; those after them go back to the queue
         try:
-            sent = await worker.send([Predict([j.request for j in b], size, cpu[2], cpu[3]) for b in batches])
-            for batch, pending in zip(batches, sent, strict=True):
+            predicts = [Predict([j.request for j in b], size, cpu[2], cpu[3]) for b in batches]
+            deliveries = [_Delivery(self, b, started, worker) for b in batches]
+            sent = await worker.send(predicts, deliveries)
+            for batch, pending, delivery in zip(batches, sent, deliveries, strict=True):
                 done += 1  # answered or failed below, not queued again
                 try:
                     result = await worker.result(pending, timeout)
                 except (WorkerTimeout, WorkerDied) as exc:
                     self._batch_failed(batch, worker, exc)
                     raise
-                self._deliver(batch, result, started, worker)
+                if not delivery.done:
+                    self._deliver(batch, result, started, worker)
         finally:
             worker.on_partial = None
             unstarted = [job for batch in batches[done:] for job in batch if not job.future.done()]
@@ -206,8 +242,11 @@ class WorkerPool:
         else:
             self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
 
-    def _deliver(self, batch: list[Job], result: Result, started: float, worker: WorkerProcess) -> None:
-        """Each request of the batch its answer (one per request, else every request fails)."""
+    def _deliver(
+        self, batch: list[Job], result: Result, started: float, worker: WorkerProcess, at_once: bool = False
+    ) -> None:
+        """Each request of the batch its answer (one per request, else every request fails); ``at_once``: each
+        request's ``on_answer`` runs now (``Job.answer``), not in a later turn of the loop."""
         model = self.model
         if math.isfinite(self.handler_ms):
             self.handler_ms += HANDLER_EWMA * (result.handler_ms - self.handler_ms)
@@ -223,7 +262,7 @@ class WorkerPool:
             return
         for job, answer in zip(batch, result.answers, strict=True):
             if not job.future.done():
-                job.future.set_result(
+                (job.answer if at_once else job.future.set_result)(
                     InferResult(
                         answer.status,
                         answer.body,

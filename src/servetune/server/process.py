@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from servetune._exceptions import WorkerDied, WorkerLoadError, WorkerTimeout
@@ -119,7 +119,10 @@ class WorkerProcess:
         self._proc: _Spawned | _Forked | None = None
         self._reaped = asyncio.Event()  # the process has exited and its exit code is known (or never will be)
         self._channel: FrameProtocol | None = None  # its socket: frames are read as they arrive (_frame, _lost)
-        self._pending: collections.deque[asyncio.Future[Message]] = collections.deque()  # sent batches, in order
+        # sent batches, in order: the future of each, and what takes its result in the read callback (``send``)
+        self._pending: collections.deque[tuple[asyncio.Future[Message], Callable[[Result], bool] | None]] = (
+            collections.deque()
+        )
         self._ready: asyncio.Future[Message] | None = None
         self.on_partial: Callable[[Partial], None] | None = None  # set by the pool while a batch runs
         self.exited = asyncio.Event()
@@ -221,8 +224,10 @@ class WorkerProcess:
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(message)
         elif self._pending:  # the oldest batch sent: the worker answers them in order
-            target = self._pending.popleft()
+            target, now = self._pending.popleft()
             if not target.done():  # a waiter gone (timed out, cancelled) still took its place in the order
+                if now is not None and isinstance(message, Result) and now(message):
+                    self._took(message)
                 target.set_result(message)
 
     def _lost(self, error: BaseException | None) -> None:
@@ -232,7 +237,7 @@ class WorkerProcess:
             died = WorkerDied(f"worker {self.worker_id} sent a malformed frame: {error}")
         else:
             died = WorkerDied(f"worker {self.worker_id} (pid {self.pid}) died")
-        for fut in (self._ready, *self._pending):
+        for fut in (self._ready, *(pending for pending, _ in self._pending)):
             if fut is not None and not fut.done():
                 fut.set_exception(died)
         self._pending.clear()
@@ -247,8 +252,14 @@ class WorkerProcess:
         (pending,) = await self.send([batch])
         return await self.result(pending, timeout)
 
-    async def send(self, batches: list[Predict]) -> list[asyncio.Future[Message]]:
-        """Send ``batches`` in one write; a future per batch, answered in order as the worker finishes each."""
+    async def send(
+        self, batches: list[Predict], now: Sequence[Callable[[Result], bool] | None] | None = None
+    ) -> list[asyncio.Future[Message]]:
+        """Send ``batches`` in one write; a future per batch, answered in order as the worker finishes each.
+        ``now``: for each batch, a function offered its result in the loop's read callback before its future is
+        answered, returning whether it took it (the requests' answers can then go out in the turn that read the
+        result, not in the turns after it when the waiter resumes); it must not raise. Not called for a batch whose
+        waiter gave up (a timeout, a cancel), nor with anything but a ``Result``."""
         channel = self._channel
         if not self.alive or channel is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
@@ -258,7 +269,7 @@ class WorkerProcess:
             channel.send(batches[0].encode() if len(batches) == 1 else b"".join(b.encode() for b in batches))
         except (ConnectionError, RuntimeError) as exc:  # nothing was written: none of them reached the worker
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
-        self._pending.extend(sent)
+        self._pending.extend(zip(sent, now or [None] * len(sent), strict=True))
         # Gone while the write drained: the worker may have run some of them, and the loss answered the rest
         # (WorkerDied, ``_lost``); each future says which.
         with contextlib.suppress(ConnectionError):
@@ -275,10 +286,14 @@ class WorkerProcess:
             timer.cancel()
         if not isinstance(message, Result):
             raise WorkerDied(f"worker {self.worker_id} answered a batch with {type(message).__name__}")
-        self.gpu_memory_bytes = message.gpu_memory_bytes
-        if message.cpu is not None:
-            self.cpu = message.cpu
+        self._took(message)
         return message
+
+    def _took(self, result: Result) -> None:
+        """What a batch's result says of the worker: its GPU memory, its CPU settings."""
+        self.gpu_memory_bytes = result.gpu_memory_bytes
+        if result.cpu is not None:
+            self.cpu = result.cpu
 
     def _overran(self, pending: asyncio.Future[Message], timeout: float) -> None:
         if not pending.done():
