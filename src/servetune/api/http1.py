@@ -218,11 +218,15 @@ def wants_keep_alive(headers: Iterable[tuple[bytes, bytes]]) -> bool:
 
     ``headers`` are (lower-case name, value) pairs, as uvicorn's scope and h11 hold them.
     """
-    tokens: set[bytes] = set()
+    keep = False
     for name, value in headers:
         if name == b"connection":
-            tokens.update(token.strip().lower() for token in value.split(b","))
-    return b"keep-alive" in tokens and b"close" not in tokens
+            for token in value.lower().split(b","):
+                token = token.strip()
+                if token == b"close":
+                    return False
+                keep = keep or token == b"keep-alive"
+    return keep
 
 
 class _Http10Cycle(OneWriteCycle):

@@ -174,7 +174,8 @@ class WorkerPool:
             job.attempts += 1
         cpu = self._cpu(slot)
         predict = Predict([j.request for j in batch], model.plan.config.batch_size, cpu[2], cpu[3])
-        worker.on_partial = self._partials(batch, worker.worker_id)
+        # only a stream gets intermediate answers, and a stream runs alone (``InferRequest.solo``)
+        worker.on_partial = self._partials(batch, worker.worker_id) if batch[0].solo else None
         controller = model.controller
         actual_ms = math.nan
         if controller is not None:
@@ -210,7 +211,7 @@ class WorkerPool:
             job.attempts += 1
         cpu = self._cpu(slot)
         size, timeout = model.plan.config.batch_size, float(model.plan.response_timeout_s)
-        worker.on_partial = self._partials(jobs, worker.worker_id)
+        worker.on_partial = None  # no stream among them: a stream runs alone
         done = 0  # batches answered or failed; those after them go back to the queue
         try:
             predicts = [Predict([j.request for j in b], size, cpu[2], cpu[3]) for b in batches]
