@@ -50,18 +50,21 @@ _CHUNK = 1 << 16  # what a blocking reader asks the socket for at once: a whole 
 
 def _dumps(header: dict[str, Any]) -> bytes:
     # orjson: the frame header is on every request's path, there and back; several times faster than json. A value
-    # it refuses (an integer past 64 bits, a lone surrogate) goes through json, which every reader also reads.
+    # it refuses (an integer past 64 bits, a lone surrogate) goes through json, whose text starts with a space (still
+    # JSON): its reader reads it with json too, since orjson would read such an integer as a float.
     try:
         return orjson.dumps(header)
     except TypeError:
-        return json.dumps(header, separators=(",", ":")).encode()
+        return b" " + json.dumps(header, separators=(",", ":")).encode()
 
 
 def _loads(data: bytes | memoryview) -> Any:
+    if data[:1] == b" ":  # written by json (``_dumps``)
+        return json.loads(bytes(data))
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(bytes(data))  # what orjson refuses but json wrote (a lone surrogate's escape)
+        return json.loads(bytes(data))  # not ours: what orjson refuses, json may read
 
 
 class ProtocolError(WorkerError):

@@ -42,10 +42,11 @@ FIRST_WORKER_ID = 9000  # TorchServe numbers its workers from 9000
 
 class _Delivery:
     """A batch's answers given in the worker's read callback, the moment its result is read (``WorkerProcess.send``),
-    when no request waits in the queue: each answer goes out in that turn of the loop, not two turns later after the
-    slot's task has resumed. When requests wait, it declines and the slot's task delivers as before, after sending the
-    worker its next batch (the worker is not kept idle while answers are written). A failure of ours in the callback
-    fails the batch's requests still waiting (503), as a failure in the slot's task would."""
+    for a batch sent alone (``_dispatch``) when no request waits in the queue: each answer goes out in that turn of
+    the loop, not two turns later after the slot's task has resumed. When requests wait, it declines and the slot's
+    task delivers as before, after sending the worker its next batch (the worker is not kept idle while answers are
+    written). A failure of ours in the callback fails the batch's requests still waiting (503), as a failure in the
+    slot's task would."""
 
     __slots__ = ("pool", "batch", "started", "worker", "done")
 
@@ -214,18 +215,15 @@ class WorkerPool:
         worker.on_partial = None  # no stream among them: a stream runs alone
         done = 0  # batches answered or failed; those after them go back to the queue
         try:
-            predicts = [Predict([j.request for j in b], size, cpu[2], cpu[3]) for b in batches]
-            deliveries = [_Delivery(self, b, started, worker) for b in batches]
-            sent = await worker.send(predicts, deliveries)
-            for batch, pending, delivery in zip(batches, sent, deliveries, strict=True):
+            sent = await worker.send([Predict([j.request for j in b], size, cpu[2], cpu[3]) for b in batches])
+            for batch, pending in zip(batches, sent, strict=True):
                 done += 1  # answered or failed below, not queued again
                 try:
                     result = await worker.result(pending, timeout)
                 except (WorkerTimeout, WorkerDied) as exc:
                     self._batch_failed(batch, worker, exc)
                     raise
-                if not delivery.done:
-                    self._deliver(batch, result, started, worker)
+                self._deliver(batch, result, started, worker)
         finally:
             worker.on_partial = None
             unstarted = [job for batch in batches[done:] for job in batch if not job.future.done()]
