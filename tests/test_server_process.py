@@ -148,36 +148,36 @@ def test_batches_sent_in_one_write_are_answered_in_order_and_a_death_fails_those
     assert len(failed) == 2 and all("died" in f for f in failed)
 
 
-def test_a_batchs_result_is_offered_in_the_read_callback_before_its_future_is_answered(tmp_path: Path) -> None:
-    """``send(now=...)``: each batch's function is offered its ``Result`` as the frame is read, while its future is
-    still pending (the pool answers the requests from there); taken or declined, the future gets the same result, and
-    a batch that fails (its worker died) offers nothing."""
+def test_a_batchs_result_is_given_in_the_read_callback_before_its_future_is_answered(tmp_path: Path) -> None:
+    """``send(now=...)``: each batch's function gets its ``Result`` as the frame is read, while its future is still
+    pending (the pool answers the requests from there); the future then gets the same result; a batch without one is
+    answered as before; a batch that fails (its worker died) gives nothing."""
 
-    async def main() -> tuple[list[tuple[str, bool, bytes]], list[bytes], int]:
+    async def main() -> tuple[list[tuple[str, bool, bytes]], list[bytes], list[bool]]:
         worker = WorkerProcess("9000", spec(tmp_path / "m", ECHO), dict(os.environ))
         await worker.start(120.0)
-        offered: list[tuple[str, bool, bytes]] = []
+        given: list[tuple[str, bool, bytes, Result]] = []
         futures: list[asyncio.Future[Any]] = []
 
-        def offer(name: str, take: bool) -> Callable[[Result], bool]:
-            def now(result: Result) -> bool:
-                offered.append((name, futures[len(offered)].done(), result.answers[0].body))
-                return take
+        def keep(name: str) -> Callable[[Result], None]:
+            def now(result: Result) -> None:
+                given.append((name, futures[len(given)].done(), result.answers[0].body, result))
 
             return now
 
-        sent = await worker.send([one(b"a"), one(b"b")], [offer("a", True), offer("b", False)])
+        sent = await worker.send([one(b"a"), one(b"b"), one(b"c")], [keep("a"), keep("b"), None])
         futures.extend(sent)
-        answers = [(await worker.result(p, 60.0)).answers[0].body for p in sent]
-        sent = await worker.send([one(b"die")], [offer("die", True)])
+        results = [await worker.result(p, 60.0) for p in sent]
+        same = [results[i] is given[i][3] for i in range(2)]
+        sent = await worker.send([one(b"die")], [keep("die")])
         with pytest.raises(WorkerDied):
             await worker.result(sent[0], 60.0)
         await worker.wait_reaped(10.0)
-        return offered, answers, len(offered)
+        return [g[:3] for g in given], [r.answers[0].body for r in results], same
 
-    offered, answers, count = run_on_uvloop(main)
-    assert offered == [("a", False, b"a"), ("b", False, b"b")] and count == 2
-    assert answers == [b"a", b"b"]
+    given, answers, same = run_on_uvloop(main)
+    assert given == [("a", False, b"a"), ("b", False, b"b")]  # nothing for "c" (none given) nor "die" (it died)
+    assert answers == [b"a", b"b", b"c"] and same == [True, True]
 
 
 @pytest.mark.parametrize("started", ["spawned", "forked"])

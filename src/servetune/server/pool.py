@@ -57,17 +57,16 @@ class _Delivery:
         self.worker = worker
         self.done = False
 
-    def __call__(self, result: Result) -> bool:
+    def __call__(self, result: Result) -> None:
         pool = self.pool
         if len(pool.model.batcher):
-            return False
+            return
         self.done = True
         try:
             pool._deliver(self.batch, result, self.started, self.worker, at_once=True)
         except Exception as exc:  # a bug of ours must not leave the batch's requests waiting
             log.exception("model %s: batch failed in the frontend", pool.model.name)
             pool._fail(self.batch, ApiError.unavailable(f"Batch failed in the frontend: {exc!r}"))
-        return True
 
 
 @dataclass

@@ -120,7 +120,7 @@ class WorkerProcess:
         self._reaped = asyncio.Event()  # the process has exited and its exit code is known (or never will be)
         self._channel: FrameProtocol | None = None  # its socket: frames are read as they arrive (_frame, _lost)
         # sent batches, in order: the future of each, and what takes its result in the read callback (``send``)
-        self._pending: collections.deque[tuple[asyncio.Future[Message], Callable[[Result], bool] | None]] = (
+        self._pending: collections.deque[tuple[asyncio.Future[Message], Callable[[Result], None] | None]] = (
             collections.deque()
         )
         self._ready: asyncio.Future[Message] | None = None
@@ -226,8 +226,8 @@ class WorkerProcess:
         elif self._pending:  # the oldest batch sent: the worker answers them in order
             target, now = self._pending.popleft()
             if not target.done():  # a waiter gone (timed out, cancelled) still took its place in the order
-                if now is not None and isinstance(message, Result) and now(message):
-                    self._took(message)
+                if now is not None and isinstance(message, Result):
+                    now(message)
                 target.set_result(message)
 
     def _lost(self, error: BaseException | None) -> None:
@@ -253,13 +253,13 @@ class WorkerProcess:
         return await self.result(pending, timeout)
 
     async def send(
-        self, batches: list[Predict], now: Sequence[Callable[[Result], bool] | None] | None = None
+        self, batches: list[Predict], now: Sequence[Callable[[Result], None] | None] | None = None
     ) -> list[asyncio.Future[Message]]:
         """Send ``batches`` in one write; a future per batch, answered in order as the worker finishes each.
-        ``now``: for each batch, a function offered its result in the loop's read callback before its future is
-        answered, returning whether it took it (the requests' answers can then go out in the turn that read the
-        result, not in the turns after it when the waiter resumes); it must not raise. Not called for a batch whose
-        waiter gave up (a timeout, a cancel), nor with anything but a ``Result``."""
+        ``now``: for each batch, a function given its result in the loop's read callback, before its future is
+        answered with the same result (the requests' answers can then go out in the turn that read it, not in the
+        turns after it when the waiter resumes); it must not raise. Not called for a batch whose waiter gave up (a
+        timeout, a cancel), nor with anything but a ``Result``."""
         channel = self._channel
         if not self.alive or channel is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
@@ -286,14 +286,10 @@ class WorkerProcess:
             timer.cancel()
         if not isinstance(message, Result):
             raise WorkerDied(f"worker {self.worker_id} answered a batch with {type(message).__name__}")
-        self._took(message)
+        self.gpu_memory_bytes = message.gpu_memory_bytes
+        if message.cpu is not None:
+            self.cpu = message.cpu
         return message
-
-    def _took(self, result: Result) -> None:
-        """What a batch's result says of the worker: its GPU memory, its CPU settings."""
-        self.gpu_memory_bytes = result.gpu_memory_bytes
-        if result.cpu is not None:
-            self.cpu = result.cpu
 
     def _overran(self, pending: asyncio.Future[Message], timeout: float) -> None:
         if not pending.done():
