@@ -79,9 +79,10 @@ def run_on_uvloop(main: Callable[[], Awaitable[Any]]) -> Any:
         loop.close()
 
 
-def predict(worker: WorkerProcess) -> Awaitable[Any]:
+async def predict(worker: WorkerProcess) -> Any:
     request = InferRequest("r1", {}, [Input("body", None, b"x")], 0.0)
-    return worker.run(Predict([request], 1, 0, ()), 60.0)
+    (pending,) = await worker.send([Predict([request], 1, 0, ())])
+    return await worker.result(pending, 60.0)
 
 
 def test_a_worker_starts_without_forking_the_frontend_takes_a_large_spec_and_its_death_is_seen_at_once(

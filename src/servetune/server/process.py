@@ -99,7 +99,7 @@ class _Forked:
 
 class WorkerProcess:
     """A worker process. It runs the batches sent to it one after another and answers them in that order: the caller
-    serialises ``run`` calls, or sends several batches at once (``send``) and waits for each (``result``)."""
+    sends one batch or several at once (``send``) and waits for each (``result``)."""
 
     def __init__(
         self, worker_id: str, spec: WorkerSpec, env: dict[str, str], parent: ModelParent | None = None
@@ -246,11 +246,6 @@ class WorkerProcess:
             self.on_exit()
         if self._proc is not None and not self._proc.gone:
             self.kill()  # reaped by its watcher (_reaped)
-
-    async def run(self, batch: Predict, timeout: float) -> Result:
-        """Send one batch and wait for its result."""
-        (pending,) = await self.send([batch])
-        return await self.result(pending, timeout)
 
     async def send(
         self, batches: list[Predict], now: Sequence[Callable[[Result], None] | None] | None = None
