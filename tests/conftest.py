@@ -201,12 +201,29 @@ def on_ray(item: pytest.Item) -> bool:
     return ray_nodeid(item.nodeid)
 
 
+RAY_RUN: set[str] = set()  # the Ray tests this process has run
+
+
+def ray_done(item: pytest.Item) -> None:
+    """After a Ray test's teardown: when this process has run every Ray test of the run (all of them go to the first
+    worker, ``RayOnOneWorker``), the run's cluster stops now rather than at the run's end, where its dozen processes
+    would keep taking CPU from the tests still to come (a later Ray test would start another)."""
+    if not on_ray(item):
+        return
+    RAY_RUN.add(item.nodeid)
+    if RAY_RUN >= {i.nodeid for i in item.session.items if on_ray(i)}:
+        ray_cluster.stop_shared()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A run of consecutive Ray tests of one file holds the Ray lock from its first test to the teardown of its last:
     a module's server on the run's shared cluster (ray_cluster.py) is never disturbed by another file's."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing to share the machine with
-        return (yield)
+        try:
+            return (yield)
+        finally:
+            ray_done(item)
     run = os.environ[ray_cluster.RUN_ENV]
     alone = item.get_closest_marker("alone") is not None
     if not on_ray(item):
@@ -222,3 +239,4 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if nextitem is None or nextitem.path != item.path or not on_ray(nextitem):
             RAY_LOCK.pop().close()  # closing the file releases the lock
+        ray_done(item)
