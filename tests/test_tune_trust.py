@@ -5,6 +5,7 @@ nothing meets it. The comparisons are unit-tested on made-up trials; two studies
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -296,5 +297,15 @@ def test_an_sla_sized_to_this_machine_and_finalists(tmp_path: Path, model: Path)
     assert phases[2:] == [(first, "finalist"), (second, "finalist"), (first, "finalist"), (second, "finalist")]
     assert "## Finalists" in report and "Chosen: eager on cpu" in done.stdout
     if "indistinguishable at this noise level" in done.stdout:
-        # Two rounds leave a wide interval (Student's t with 1 degree of freedom: 12.7): the simpler config wins.
-        assert "Chosen: eager on cpu, 1 worker, batch 1" in done.stdout
+        # Two rounds leave a wide interval (Student's t with 1 degree of freedom: 12.7): the simpler config wins,
+        # unless it measured more than 10% behind on the rounds (``final.BAND``: a CI run here, with 1.5 cores taken
+        # by other processes, measured the two finalists 1.141 apart): then the best is kept and the report says why.
+        [ratio] = [float(m) for m in re.findall(r"noise level \(ratio ([0-9.]+)", done.stdout)]
+        simpler = "Chosen: eager on cpu, 1 worker, batch 1" in done.stdout
+        kept = "Chosen: eager on cpu, 2 workers, batch 1" in done.stdout and "not chosen on noise" in done.stdout
+        if first == 1:  # the best is the simpler one
+            assert simpler, done.stdout
+        elif abs(ratio - 1 / final.BAND) > 0.001:  # the ratio is printed to 3 decimals
+            assert simpler if ratio < 1 / final.BAND else kept, done.stdout
+        else:
+            assert simpler or kept, done.stdout
