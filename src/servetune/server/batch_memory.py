@@ -8,9 +8,13 @@ batch faulted its activations back in, page by page, each zeroed by the kernel.
 The tuning (:meth:`BatchMemory.tuned`, glibc only; elsewhere nothing changes): no ``mmap`` for blocks of any size
 (``M_MMAP_MAX`` 0: they come from the heap, and a freed one is reused by the next batch), and no trimming of the
 heap's top on ``free`` short of 2 GB (``M_TRIM_THRESHOLD``). A busy worker then holds the most its batches needed at
-once (resnet18, batch 8: ~50-60 MB more per worker). Once no batch has come for :data:`IDLE_S`, the worker gives the
-free pages back (``malloc_trim(0)``: the heap's top, and whole free pages inside it): an idle model costs what it
-did before, and a worker whose batches come a second or more apart pays the faults as before.
+once (resnet18, batch 8: ~50-60 MB more per worker). Once no batch has run for :data:`IDLE_S` (and none is running),
+a thread of the worker gives the free pages back (``malloc_trim(0)``: the heap's top, and whole free pages inside it):
+an idle model costs what it did before, and a worker whose batches come a second or more apart pays the faults as
+before. A thread, not a wait with a timeout on the worker's socket: the worker's loop then blocks in one ``recv`` per
+frame, as it did before this tuning; a ``poll`` before each read (the first way this was done) cost a no-op model
+~19 us of its ~390 us round trip at concurrency 1 on a 2-core VM (benchmarks/noop_latency.py, 6 interleaved pairs,
+P50 0.950x without it).
 
 Measured on resnet18 served as ``benchmarks/vs_peers.py`` serves it (2 workers, batches of 8, c=16, 10 s runs, a
 2-core VM): before, 1,168-1,620 page faults and 2.0-3.3 ms of system CPU per request, 40.8-42.4 ms of CPU per request
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import ctypes
 import platform
+import threading
+import time
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
@@ -30,11 +36,17 @@ TRIM_AT = 2**31 - 1  # the largest trim threshold mallopt takes (an int): 2 GB f
 
 
 class BatchMemory:
-    """glibc's malloc tuned for batches (see the module); :meth:`idle` gives the free pages back."""
+    """glibc's malloc tuned for batches (see the module): the worker calls :meth:`batch_started` and
+    :meth:`batch_ran` around each batch; a thread started at the first batch gives the free pages back once the worker
+    idles."""
 
     def __init__(self, libc: ctypes.CDLL) -> None:
         self._trim = libc.malloc_trim
         self.holding = False  # a batch ran since the pages were last given back
+        self._busy = False  # a batch is running: its pages are in use
+        self._last = 0.0  # when the last batch ended (time.monotonic)
+        self._held = threading.Event()  # set while ``holding``: the thread waits on it while nothing is held
+        self._watch: threading.Thread | None = None
 
     @classmethod
     def tuned(cls) -> BatchMemory | None:
@@ -53,13 +65,33 @@ class BatchMemory:
             return None
         return cls(libc)
 
-    def batch_ran(self) -> None:
-        self.holding = True
+    def batch_started(self) -> None:
+        self._busy = True
 
-    def idle(self) -> None:
-        """No batch for a while: give the free pages back."""
-        self._trim(0)
-        self.holding = False
+    def batch_ran(self) -> None:
+        self._last = time.monotonic()
+        self._busy = False
+        if not self.holding:
+            self.holding = True
+            self._held.set()
+            if self._watch is None:
+                self._watch = threading.Thread(target=self._give_back_at_idle, name="batch-memory", daemon=True)
+                self._watch.start()
+
+    def _give_back_at_idle(self) -> None:
+        while True:
+            self._held.wait()
+            due = self._last + IDLE_S - time.monotonic()
+            if due > 0 or self._busy:
+                time.sleep(max(due, 0.1))
+                continue
+            # cleared before ``holding`` goes: a batch that ends in between finds ``holding`` still set and leaves
+            # the event alone, and the next one sets both again
+            self._held.clear()
+            self.holding = False
+            # the free pages back (ctypes lets the GIL go meanwhile; a batch that starts now waits in malloc for the
+            # trim's lock, as it would have behind a trim on its own thread)
+            self._trim(0)
 
 
 __all__ = ["IDLE_S", "BatchMemory"]

@@ -22,7 +22,7 @@ import traceback
 
 from servetune.handlers.service import Request, Service
 from servetune.handlers.spec import WorkerSpec, apply_cpu, cpu_settings, prepare_cpu, start_service
-from servetune.server.batch_memory import IDLE_S, BatchMemory
+from servetune.server.batch_memory import BatchMemory
 from servetune.server.messages import (
     Answer,
     Load,
@@ -62,8 +62,6 @@ def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: Wo
     applied = (spec.num_threads, spec.cpu_cores)
     cpu = cpu_settings()
     memory = BatchMemory.tuned()  # a batch's memory kept for the next while batches come, given back at idle
-    incoming = select.poll()
-    incoming.register(sock, select.POLLIN)
     sending = threading.Lock()  # a handler may send intermediate answers from threads of its own
 
     def send(frame: bytes) -> None:
@@ -75,9 +73,6 @@ def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: Wo
 
     service.context.partial_sink = partial
     while True:
-        if memory is not None and memory.holding and not frames.buffered:
-            if not incoming.poll(IDLE_S * 1000.0):
-                memory.idle()
         try:
             message = decode_message(*frames.next())
         except EOFError:
@@ -91,6 +86,8 @@ def _serve(sock: socket.socket, frames: SocketFrames, service: Service, spec: Wo
             applied = (message.num_threads, message.cpu_cores)
             cpu = cpu_settings()
         requests = [Request(r.request_id, r.headers, r.inputs, r.control) for r in message.requests]
+        if memory is not None:
+            memory.batch_started()
         start = time.perf_counter()
         responses = service.predict(requests)
         handler_ms = (time.perf_counter() - start) * 1000.0
