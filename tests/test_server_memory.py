@@ -21,6 +21,7 @@ from models import ECHO_HANDLER, handler_archive, sleep_archive
 from procfs import anonymous_memory
 from servetune.archive import create_archive
 from servetune.embedded import EmbeddedServer
+from servetune.server.batch_memory import IDLE_S, BatchMemory
 
 IN, OUT = 1024, 2048  # an 8 MiB weight matrix: large next to the rest of what a worker maps from its archive
 BLOCK = 64 << 20  # what the batchmem handler allocates for each batch, as a model's activations
@@ -240,6 +241,38 @@ def test_a_busy_worker_reuses_a_batchs_memory_and_gives_it_back_once_idle(
     while process.memory_info().rss > held - BLOCK // 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process.memory_info().rss <= held - BLOCK // 2, (held, process.memory_info().rss)
+
+
+class _Trims:
+    """Stands for glibc where the worker's ``BatchMemory`` calls it: records when ``malloc_trim`` was called."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    def malloc_trim(self, pad: int) -> int:
+        self.at.append(time.monotonic())
+        return 1
+
+
+def test_the_give_back_never_runs_during_a_batch_and_waits_for_a_second_without_one() -> None:
+    """The worker's thread (batch_memory.py): a batch that runs for longer than the idle time keeps its pages; once
+    batches stop, the pages go back no sooner than IDLE_S after the last one ended, and once only while none runs."""
+    trims = _Trims()
+    memory = BatchMemory(trims)  # type: ignore[arg-type]
+    memory.batch_started()
+    memory.batch_ran()  # the first batch starts the thread
+    memory.batch_started()  # a long one: running past the idle time
+    time.sleep(2.5 * IDLE_S)
+    assert trims.at == []
+    memory.batch_ran()
+    ended = time.monotonic()
+    deadline = ended + 10.0
+    while not trims.at and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(trims.at) == 1 and trims.at[0] - ended >= IDLE_S
+    assert not memory.holding
+    time.sleep(1.5 * IDLE_S)
+    assert len(trims.at) == 1  # nothing held since: no trim again
 
 
 def test_workers_of_a_torch_model_are_forked_from_its_parent_and_share_torchs_memory(

@@ -82,8 +82,8 @@ class BatchMemory:
         while True:
             self._held.wait()
             due = self._last + IDLE_S - time.monotonic()
-            if due > 0 or self._busy:
-                time.sleep(max(due, 0.1))
+            if due > 0 or self._busy:  # a batch ended within IDLE_S, or one is running: look again when it may not
+                time.sleep(due if due > 0 else IDLE_S)
                 continue
             # cleared before ``holding`` goes: a batch that ends in between finds ``holding`` still set and leaves
             # the event alone, and the next one sets both again
