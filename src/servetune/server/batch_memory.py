@@ -13,8 +13,8 @@ a thread of the worker gives the free pages back (``malloc_trim(0)``: the heap's
 an idle model costs what it did before, and a worker whose batches come a second or more apart pays the faults as
 before. A thread, not a wait with a timeout on the worker's socket: the worker's loop then blocks in one ``recv`` per
 frame, as it did before this tuning; a ``poll`` before each read (the first way this was done) cost a no-op model
-~19 us of its ~390 us round trip at concurrency 1 on a 2-core VM (benchmarks/noop_latency.py, 6 interleaved pairs,
-P50 0.950x without it).
+~19 us of its ~373 us round trip at concurrency 1 with a blocking client on a 2-core VM (benchmarks/noop_latency.py,
+6 interleaved pairs: P50 373 -> 354 us, pairs 0.924-0.991x).
 
 Measured on resnet18 served as ``benchmarks/vs_peers.py`` serves it (2 workers, batches of 8, c=16, 10 s runs, a
 2-core VM): before, 1,168-1,620 page faults and 2.0-3.3 ms of system CPU per request, 40.8-42.4 ms of CPU per request

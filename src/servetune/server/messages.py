@@ -178,11 +178,6 @@ class SocketFrames:
         self._sock = sock
         self._data = bytearray()
 
-    @property
-    def buffered(self) -> bool:
-        """Part of a frame (or more) was read already: :meth:`next` may return without waiting for the socket."""
-        return bool(self._data)
-
     def next(self) -> tuple[dict[str, Any], list[bytes]]:
         """The next frame; raises EOFError when the peer is gone, ProtocolError for a frame too large."""
         data = self._data
