@@ -17,8 +17,9 @@ The stages (the mark that ends each):
     F0  the frontend's protocol gets the request's bytes (the client's send and the frontend's wake before it)
     F1  the direct route starts (the head's limits, HTTP parsing, the scope and cycle, the route's match: the fast
         way's for a request whole in one read, uvicorn's callbacks otherwise)
-    F2  submitted (the token, the body, TorchServe's request parsed, the gateway's job, the batcher's queue)
-    F3  the slot sends (the rest of the parser's callback, the loop's turn, the slot's task, the batch, the frame)
+    F2  queued (the token, the body, TorchServe's request parsed, the gateway's job, in the batcher's queue)
+    F3  the slot sends (the batch taken; where the slot's task sends it: the rest of the parser's callback, the
+        loop's turn, the task's resumption; where the arrival sends it to a waiting worker, none of these)
     F4  sent (the frame encoded and written to the worker's socket)
     W0  the worker has the frame decoded (its wake, the read, the decode)
     W1  the handler's requests built
@@ -83,13 +84,11 @@ atexit.register(dump)
 # (file, the exact source lines, the statement, before or after them). The statement is indented as the lines' first.
 # (file, the line(s) to mark, the statement, where); a tuple of lines: the line in this tree, or the one it replaced
 # in an earlier tree (so that two trees can be measured in one run)
-MARKS: list[tuple[str, str | tuple[str, ...], str, str]] = [
+MARKS: list[tuple[str | tuple[str, ...], str | tuple[str, ...], str, str]] = [
     ("api/http_limits.py", "    def data_received(self, data: bytes) -> None:\n        if self._between_requests()",
      "mark('F0')", "inside"),
     ("api/rest.py", "        gateway, scope = self.gateway, cast(Scope, cycle.scope)", "mark('F1')", "before"),
-    ("api/rest.py", ("        future.add_done_callback(answer)",
-                     "        future.add_done_callback(partial(self._answer, cycle, call, who, job))"), "mark('F2')",
-     "after"),
+    ("server/batcher.py", "        self._queue.append(job)", "mark('F2')", "after"),
     ("server/process.py", "            channel.send(batches[0].encode() if len(batches) == 1", "mark('F3')",
      "before-try"),
     ("server/process.py", ("        self._pending.extend(zip(sent, now or [None] * len(sent), strict=True))",
@@ -104,7 +103,7 @@ MARKS: list[tuple[str, str | tuple[str, ...], str, str]] = [
      "dump()", "inside-except"),
     ("server/messages.py", "        if self._error is not None:\n            return\n        frames = self._frames",
      "mark('F5')", "before"),
-    ("server/pool.py",
+    (("server/answers.py", "server/pool.py"),
      ("        request's ``on_answer`` runs now (``Job.answer``), not in a later turn of the loop.\"\"\"",
       '        """Each request of the batch its answer (one per request, else every request fails)."""'),
      "mark('F6')", "after"),
@@ -126,9 +125,19 @@ def marked_copy(src: Path, dest: Path) -> Path:
     package = dest / "servetune"
     (package / "_stage_marks.py").write_text(MARKS_MODULE)
     texts: dict[str, str] = {}
-    for name, alternatives, statement, where in MARKS:
-        text = texts.get(name) or (package / name).read_text()
+
+    def text_of(name: str) -> str:
+        if name not in texts:
+            path = package / name
+            return path.read_text() if path.exists() else ""
+        return texts[name]
+
+    for names, alternatives, statement, where in MARKS:
         choices = (alternatives,) if isinstance(alternatives, str) else alternatives
+        # a tuple of files: the file in this tree, or the one the lines were in in an earlier tree
+        files = (names,) if isinstance(names, str) else names
+        name = next((f for f in files if any(c in text_of(f) for c in choices)), files[0])
+        text = text_of(name)
         found = [lines for lines in choices if text.count(lines) == 1]
         if len(found) != 1:
             shown = "\n".join(choices)

@@ -356,6 +356,69 @@ def test_batcher_cancel_loses_nothing() -> None:
     asyncio.run(main())
 
 
+def test_a_batch_due_on_arrival_goes_to_the_waiting_worker_from_the_arrival_itself() -> None:
+    """A worker waits (``next_batch(direct=...)``): the arrival that makes its batch due (full, or no delay) sends the
+    batch before ``put`` returns, once per wait; the worker's wait then returns that very batch. Not for a batch
+    that is not due yet, a solo request, or under a controller's deadlines; when the send is refused the worker
+    collects the same jobs as usual."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sent: list[list[str]] = []
+        refuse = False
+
+        def direct(batch: list[Job]) -> bool:
+            if refuse:
+                return False
+            sent.append([j.request.request_id for j in batch])
+            return True
+
+        async def waiting(batcher: Batcher) -> asyncio.Task[list[Job]]:
+            task = asyncio.create_task(batcher.next_batch(direct=direct))
+            await asyncio.sleep(0)  # it waits for the first arrival now
+            return task
+
+        def ids(batch: list[Job]) -> list[str]:
+            return [j.request.request_id for j in batch]
+
+        batcher = Batcher(batch_size=3, max_delay_s=1.0, capacity=10)
+        task = await waiting(batcher)
+        batcher.put(_job(loop, "a"))
+        await asyncio.sleep(0.01)  # the worker collects: a, then waits for more within the delay
+        batcher.put(_job(loop, "b"))
+        assert sent == []  # not due: two of three, well within the delay
+        batcher.put(_job(loop, "c"))
+        assert sent == [["a", "b", "c"]]  # sent from the arrival, before any turn of the loop
+        batcher.put(_job(loop, "d"))  # the same turn: the worker has its batch, this one waits in the queue
+        assert sent == [["a", "b", "c"]] and len(batcher) == 1
+        assert ids(await task) == ["a", "b", "c"] and batcher.last_reason == "full"
+        assert ids(await batcher.next_batch()) == ["d"]  # (its delay ran out)
+
+        batcher = Batcher(batch_size=4, max_delay_s=0.0, capacity=10)  # no delay: due on arrival, however few
+        task = await waiting(batcher)
+        batcher.put(_job(loop, "x"))
+        assert sent[-1] == ["x"] and ids(await task) == ["x"]
+
+        task = await waiting(batcher)
+        refuse = True  # e.g. the worker went meanwhile: the worker's task collects the jobs itself
+        batcher.put(_job(loop, "y"))
+        assert sent[-1] == ["x"] and ids(await task) == ["y"]
+        refuse = False
+
+        task = await waiting(batcher)
+        solo = _job(loop, "solo")
+        solo.request.on_partial = lambda _: None  # a stream: a batch of its own, collected as such
+        batcher.put(solo)
+        assert sent[-1] == ["x"] and ids(await task) == ["solo"] and batcher.last_reason == "solo"
+
+        batcher.dispatch_by = lambda first, queued: first  # a controller's deadlines: it decides when batches go
+        task = await waiting(batcher)
+        batcher.put(_job(loop, "z"))
+        assert sent[-1] == ["x"] and ids(await task) == ["z"]
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("kwargs", [{"batch_size": 0}, {"max_delay_s": -1}, {"capacity": 0}])
 def test_batcher_validates_arguments(kwargs: dict[str, float]) -> None:
     args = {"batch_size": 1, "max_delay_s": 0.0, "capacity": 1, **kwargs}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ __all__ = ["InputParam", "Request", "Response", "Service", "import_handler", "lo
 
 logger = logging.getLogger(__name__)
 
+_IMPORTING = threading.Lock()  # ``import_handler``
 PREDICTION_METRIC = "PredictionTime"
 
 
@@ -282,16 +284,20 @@ def import_handler(*, model_dir: Path, manifest: dict[str, Any], model_name: str
     if not handler:
         raise HandlerError(f"model {model_name!r}: the manifest names no handler (model.handler)")
     directory = str(model_dir.resolve())
-    if directory in sys.path:
-        sys.path.remove(directory)
-    sys.path.insert(0, directory)
-    try:
-        forget_shadowed_modules(model_dir)
-        module, function_name = import_handler_module(handler, model_dir)
-    except HandlerError:
-        raise
-    except Exception as exc:
-        raise HandlerError(f"model {model_name!r}: handler {handler!r} failed to load: {_summary(exc)}") from exc
+    # sys.path, sys.modules and the import system's caches are the interpreter's: two models loading on two threads
+    # of one process (an in-process server) would change them under each other (Python 3.11's
+    # importlib.invalidate_caches raised KeyError when both ran it at once)
+    with _IMPORTING:
+        if directory in sys.path:
+            sys.path.remove(directory)
+        sys.path.insert(0, directory)
+        try:
+            forget_shadowed_modules(model_dir)
+            module, function_name = import_handler_module(handler, model_dir)
+        except HandlerError:
+            raise
+        except Exception as exc:
+            raise HandlerError(f"model {model_name!r}: handler {handler!r} failed to load: {_summary(exc)}") from exc
     return module, function_name, directory
 
 

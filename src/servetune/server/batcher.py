@@ -4,6 +4,10 @@ TorchServe does: pytorch/serve#2478), or sooner when a controller says the oldes
 (``dispatch_by``). Idle workers take turns collecting; the queue is bounded. A queued job whose deadline passes is
 answered at the deadline (a timer per job that has one), not when a worker next asks for a batch.
 
+A batch that is due the moment its last request arrives (full, or no delay) while a worker waits idle for one goes
+to that worker from the arrival itself (``next_batch(direct=...)``): the request's bytes are read, queued and sent to
+the worker in one turn of the loop, not in the next turn when the waiting worker's task resumes.
+
 A worker a controller holds in reserve (``next_batch(reserve=...)``) does not collect: it takes the queue's oldest
 requests only once they have waited past the controller's ``reserve_by`` (else ``dispatch_by``) and no other worker
 took them first, so that a worker kept for bursts does not split the steady load into smaller batches.
@@ -96,6 +100,9 @@ class Batcher:
         # the same, for a worker held in reserve (None: ``dispatch_by``)
         self.reserve_by: Callable[[float, int], float] | None = None
         self.last_reason = "delay"  # why the last batch went: "full", "delay", "deadline", "solo" or "reserve"
+        # the collecting worker's, while it waits (``next_batch``): sends a batch at once, True if it did
+        self._direct: Callable[[list[Job]], bool] | None = None
+        self._handed: list[Job] | None = None  # the batch ``_direct`` sent, for the collector to return
 
     def reconfigure(self, batch_size: int, max_delay_s: float) -> None:
         """New limits, used from the batch being collected on (a collector waiting for more re-checks now)."""
@@ -122,6 +129,8 @@ class Batcher:
             raise QueueFull
         self._queue.append(job)
         self._expire_at_deadline(job)
+        if self._direct is not None:
+            self._send_direct()
         self._arrived.set()
         looks = self._reserve_looks
         if looks:  # a larger batch takes longer: its oldest request may have to go sooner
@@ -129,6 +138,27 @@ class Batcher:
             by = self.reserve_by or self.dispatch_by
             if head.solo or by is None or by(head.arrival, len(self._queue)) < min(looks):
                 self.wake_reserve()  # only when due sooner than they will look: not at every arrival
+
+    def _send_direct(self) -> None:
+        """Hand the batch to the waiting collector's worker now if it is due (see the module)."""
+        queue = self._queue
+        if self.dispatch_by is not None or queue[0].solo:
+            return
+        if len(queue) < self.batch_size and self.max_delay_s > 0:
+            return
+        batch = self._take()
+        if not batch:
+            return
+        direct, self._direct = self._direct, None
+        sent = False
+        try:
+            sent = direct is not None and direct(batch)
+        finally:
+            if sent:
+                self._handed = batch
+                self.last_reason = "full" if len(batch) == self.batch_size else "delay"
+            else:  # not sent (the worker went, its slot is retiring): the collector takes it as usual
+                queue.extendleft(reversed(batch))
 
     def put_front(self, jobs: list[Job]) -> None:
         """Return jobs to the head of the queue (a retry after a worker died), ignoring capacity."""
@@ -211,39 +241,59 @@ class Batcher:
             return []
         return self._take()  # (``last_reason`` is a controller's, and there is none here)
 
-    async def next_batch(self, reserve: Callable[[], bool] | None = None) -> list[Job]:
+    async def next_batch(
+        self, reserve: Callable[[], bool] | None = None, direct: Callable[[list[Job]], bool] | None = None
+    ) -> list[Job]:
         """Wait for and return the next batch (1..batch_size jobs). Cancel-safe: no job is lost. ``reserve``: while
-        it returns True (and a controller gives deadlines), the caller is a worker held in reserve (see the module)."""
+        it returns True (and a controller gives deadlines), the caller is a worker held in reserve (see the module).
+        ``direct``: sends a batch to the caller's worker at once from an arrival that makes it due (see the module),
+        True if it did, and then the caller's wait can no longer be cancelled; that batch is returned."""
         while reserve is not None and self.dispatch_by is not None and reserve():
             batch = await self._reserve_batch(reserve)
             if batch:
                 return batch
         async with self._collecting:
-            while True:
+            self._direct = direct
+            try:
+                return await self._collect()
+            finally:
+                self._direct = None
+
+    async def _collect(self) -> list[Job]:
+        while True:
+            self._prune()
+            while not self._queue:
+                await self._wait_arrival(None)
+                if (handed := self._take_handed()) is not None:
+                    return handed
                 self._prune()
-                while not self._queue:
-                    await self._wait_arrival(None)
-                    self._prune()
-                if self._queue[0].solo:
-                    self.last_reason = "solo"
-                    return [self._queue.popleft()]
-                first = self._queue[0].arrival
-                self.last_reason = "full"
-                while len(self._queue) < self.batch_size:
-                    # re-read each time: a reconfigure (a controller's) applies to the batch being collected
-                    deadline = first + self.max_delay_s
-                    reason = "delay"
-                    if self.dispatch_by is not None:
-                        latest = self.dispatch_by(first, len(self._queue))
-                        if latest < deadline:
-                            deadline, reason = latest, "deadline"
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not await self._wait_arrival(remaining):
-                        self.last_reason = reason
-                        break
-                batch = self._take()
-                if batch:
-                    return batch
+            if self._queue[0].solo:
+                self.last_reason = "solo"
+                return [self._queue.popleft()]
+            first = self._queue[0].arrival
+            self.last_reason = "full"
+            while len(self._queue) < self.batch_size:
+                # re-read each time: a reconfigure (a controller's) applies to the batch being collected
+                deadline = first + self.max_delay_s
+                reason = "delay"
+                if self.dispatch_by is not None:
+                    latest = self.dispatch_by(first, len(self._queue))
+                    if latest < deadline:
+                        deadline, reason = latest, "deadline"
+                remaining = deadline - time.monotonic()
+                arrived = remaining > 0 and await self._wait_arrival(remaining)
+                if (handed := self._take_handed()) is not None:
+                    return handed
+                if not arrived:
+                    self.last_reason = reason
+                    break
+            batch = self._take()
+            if batch:
+                return batch
+
+    def _take_handed(self) -> list[Job] | None:
+        handed, self._handed = self._handed, None
+        return handed
 
     async def _reserve_batch(self, reserve: Callable[[], bool]) -> list[Job]:
         """A reserve worker's wait: the oldest requests once they have waited past ``reserve_by`` (reason

@@ -3,7 +3,10 @@ worker process, supervise it (restart with backoff, crash-loop detection) and sc
 
 A batch always gets answered: one result per request from the worker, or one error each (504 when the worker timed
 out and is replaced, 503 when it died, broke the one-result-per-request invariant, or the frontend failed) — a slot
-never leaves a request waiting, and keeps serving after any of these.
+never leaves a request waiting, and keeps serving after any of these (``answers.py``).
+
+A slot waiting for a batch lends the batcher a way to send one to its worker at once (``_send_direct``): a batch due
+on its last request's arrival goes from that arrival, and the slot's task only reads its answer.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from servetune._exceptions import ApiError, ParentUnavailable, WorkerDied, WorkerError, WorkerTimeout
-from servetune.api.types import InferResult, WorkerStatus
+from servetune.api.types import WorkerStatus
+from servetune.server.answers import Answers, Delivery, fail
 from servetune.server.batcher import Job
-from servetune.server.messages import Partial, Predict, Result
+from servetune.server.messages import Message, Predict
 from servetune.server.parent import Forking
 from servetune.server.process import WorkerProcess
 
@@ -35,38 +39,20 @@ RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 # most of a request's (benchmarks/noop_latency.py).
 LIGHT_MS = 1.0
 MAX_SENT_AT_ONCE = 8
-HANDLER_EWMA = 0.2
 HEALTHY_AFTER_S = 60.0  # a worker that ran this long resets its slot's crash count
 FIRST_WORKER_ID = 9000  # TorchServe numbers its workers from 9000
 
 
-class _Delivery:
-    """A batch's answers given in the worker's read callback, the moment its result is read (``WorkerProcess.send``),
-    for a batch sent alone (``_dispatch``) when no request waits in the queue: each answer goes out in that turn of
-    the loop, not two turns later after the slot's task has resumed. When requests wait, it declines and the slot's
-    task delivers as before, after sending the worker its next batch (the worker is not kept idle while answers are
-    written). A failure of ours in the callback fails the batch's requests still waiting (503), as a failure in the
-    slot's task would."""
+@dataclass(slots=True)
+class _Sent:
+    """A batch written to its worker, its answer not yet read."""
 
-    __slots__ = ("pool", "batch", "started", "worker", "done")
-
-    def __init__(self, pool: WorkerPool, batch: list[Job], started: float, worker: WorkerProcess) -> None:
-        self.pool = pool
-        self.batch = batch
-        self.started = started
-        self.worker = worker
-        self.done = False
-
-    def __call__(self, result: Result) -> None:
-        pool = self.pool
-        if len(pool.model.batcher):
-            return
-        self.done = True
-        try:
-            pool._deliver(self.batch, result, self.started, self.worker, at_once=True)
-        except Exception as exc:  # a bug of ours must not leave the batch's requests waiting
-            log.exception("model %s: batch failed in the frontend", pool.model.name)
-            pool._fail(self.batch, ApiError.unavailable(f"Batch failed in the frontend: {exc!r}"))
+    batch: list[Job]
+    started: float
+    pending: asyncio.Future[Message]
+    delivery: Delivery | None
+    reason: str
+    predicted_ms: float
 
 
 @dataclass
@@ -84,6 +70,8 @@ class WorkerSlot:
     crashes: int = 0
     last_error: str = ""
     status: str = "STARTING"
+    # a batch the batcher sent from its last request's arrival (``WorkerPool._send_direct``), for the task to finish
+    sent: _Sent | None = None
     # The CPU settings of its batches: (placement generation, position, threads, cores), asked of the placement
     # only when the host's demands or the slot's position change, not on every batch.
     cpu: tuple[int, int, int, tuple[int, ...]] | None = None
@@ -96,7 +84,7 @@ class WorkerSlot:
 class WorkerPool:
     def __init__(self, model: ServedModel, observe_batch: Callable[[int], None] | None = None) -> None:
         self.model = model
-        self.observe_batch = observe_batch  # the batch-size metric, observed as each batch ends
+        self.answers = Answers(model, observe_batch)
         self._slots: list[WorkerSlot] = []
         self._next_slot = 0
         self._lock = asyncio.Lock()
@@ -106,7 +94,6 @@ class WorkerPool:
         scales = control is not None and control.workers is not None and control.workers[0] < control.workers[1]
         self.forking = Forking(model.name, model.plan.worker_preload, model.model_dir, model.plan.manifest, scales)
         self.closed = False
-        self.handler_ms = math.inf  # the handler's time per batch, a moving average (light models: _dispatch)
 
     # ---- state -------------------------------------------------------------------------------
 
@@ -162,42 +149,84 @@ class WorkerPool:
 
     async def _dispatch(self, slot: WorkerSlot, worker: WorkerProcess, batch: list[Job]) -> None:
         model = self.model
-        if self.handler_ms < LIGHT_MS and model.controller is None and not batch[0].solo:
+        sent, slot.sent = slot.sent, None
+        if sent is None and self.answers.handler_ms < LIGHT_MS and model.controller is None and not batch[0].solo:
             more: list[list[Job]] = []
             while len(more) < MAX_SENT_AT_ONCE - 1 and (ready := model.batcher.take_ready()):
                 more.append(ready)
             if more:
                 await self._dispatch_several(slot, worker, [batch, *more])
                 return
+        controller = model.controller
+        actual_ms = math.nan
+        try:
+            if sent is None:
+                sent = self._send(slot, worker, batch)
+            await worker.drain()
+            result = await worker.result(sent.pending, float(model.plan.response_timeout_s))
+            actual_ms = (time.monotonic() - sent.started) * 1000.0
+        except (WorkerTimeout, WorkerDied) as exc:
+            self.answers.failed(batch, worker, exc)
+            raise
+        finally:
+            worker.on_partial = None
+            if controller is not None and sent is not None:  # a failed batch teaches the fit nothing (NaN)
+                oldest_ms = (sent.started - min(j.arrival for j in batch)) * 1000.0
+                controller.finished(worker.worker_id, len(batch), sent.reason, oldest_ms, sent.predicted_ms, actual_ms)
+        if sent.delivery is None or not sent.delivery.done:
+            self.answers.deliver(batch, result, sent.started, worker)
+
+    def _send(self, slot: WorkerSlot, worker: WorkerProcess, batch: list[Job]) -> _Sent:
+        """Write the batch to the worker (WorkerDied if it is gone); its answer is read by ``_dispatch``."""
+        model = self.model
         started = time.monotonic()
         for job in batch:
             job.attempts += 1
         cpu = self._cpu(slot)
         predict = Predict([j.request for j in batch], model.plan.config.batch_size, cpu[2], cpu[3])
         # only a stream gets intermediate answers, and a stream runs alone (``InferRequest.solo``)
-        worker.on_partial = self._partials(batch, worker.worker_id) if batch[0].solo else None
+        worker.on_partial = self.answers.partials(batch, worker.worker_id) if batch[0].solo else None
         controller = model.controller
-        actual_ms = math.nan
+        # why the batcher let it go: set by the ``next_batch`` that formed it (no await came in between)
+        reason, predicted_ms = model.batcher.last_reason, math.nan
         if controller is not None:
-            # why the batcher let it go: set by the ``next_batch`` that formed it (no await came in between)
-            reason = model.batcher.last_reason
-            oldest_ms = (started - min(j.arrival for j in batch)) * 1000.0
             predicted_ms = controller.dispatched(worker.worker_id, len(batch))
-        # without a controller (which times the batch first), answered from the read callback (``_Delivery``)
-        delivery = None if controller is not None else _Delivery(self, batch, started, worker)
+        # without a controller (which times the batch first), answered from the read callback (``Delivery``)
+        delivery = None if controller is not None else Delivery(self.answers, batch, started, worker)
         try:
-            (pending,) = await worker.send([predict], [delivery])
-            result = await worker.result(pending, float(model.plan.response_timeout_s))
-            actual_ms = (time.monotonic() - started) * 1000.0
-        except (WorkerTimeout, WorkerDied) as exc:
-            self._batch_failed(batch, worker, exc)
+            (pending,) = worker.send_now([predict], [delivery])
+        except WorkerDied:
+            if controller is not None:  # counted as a failed batch
+                oldest_ms = (started - min(j.arrival for j in batch)) * 1000.0
+                controller.finished(worker.worker_id, len(batch), reason, oldest_ms, predicted_ms, math.nan)
             raise
-        finally:
+        return _Sent(batch, started, pending, delivery, reason, predicted_ms)
+
+    def _send_direct(self, slot: WorkerSlot, worker: WorkerProcess, batch: list[Job]) -> bool:
+        """The batcher's ``direct`` for the slot while it waits for a batch: send ``batch`` now, unless the slot's wait
+        is ending (its worker gone, the slot retiring or cancelled); True if sent. From then on the slot is busy, so
+        that nothing cancels its wait: its task takes the batch's answer (``_dispatch``)."""
+        task = slot.task
+        if (
+            not slot.waiting
+            or slot.retiring
+            or self.closed
+            or not worker.alive
+            or task is None
+            or task.cancelling()
+            or self.model.controller is not None
+        ):
+            return False
+        try:
+            slot.sent = self._send(slot, worker, batch)
+        except WorkerDied:
+            for job in batch:
+                job.attempts -= 1
             worker.on_partial = None
-            if controller is not None:  # a failed batch teaches the fit nothing (NaN), but is counted
-                controller.finished(worker.worker_id, len(batch), reason, oldest_ms, predicted_ms, actual_ms)
-        if delivery is None or not delivery.done:
-            self._deliver(batch, result, started, worker)
+            return False
+        slot.waiting = False
+        slot.busy = True
+        return True
 
     async def _dispatch_several(self, slot: WorkerSlot, worker: WorkerProcess, batches: list[list[Job]]) -> None:
         """Batches of a light model that were all due, sent to the worker in one write; each answered as its result
@@ -220,9 +249,9 @@ class WorkerPool:
                 try:
                     result = await worker.result(pending, timeout)
                 except (WorkerTimeout, WorkerDied) as exc:
-                    self._batch_failed(batch, worker, exc)
+                    self.answers.failed(batch, worker, exc)
                     raise
-                self._deliver(batch, result, started, worker)
+                self.answers.deliver(batch, result, started, worker)
         finally:
             worker.on_partial = None
             unstarted = [job for batch in batches[done:] for job in batch if not job.future.done()]
@@ -230,79 +259,6 @@ class WorkerPool:
                 for job in unstarted:
                     job.attempts -= 1
                 model.batcher.put_front(unstarted)
-
-    def _batch_failed(self, batch: list[Job], worker: WorkerProcess, exc: WorkerTimeout | WorkerDied) -> None:
-        """The worker timed out on the batch (it is killed: 504 to each request) or died running it (503)."""
-        if isinstance(exc, WorkerTimeout):
-            log.error("model %s: %s; replacing the worker", self.model.name, exc)
-            worker.kill()
-            self._fail(batch, ApiError.timeout(str(exc)))
-        else:
-            self._fail(batch, ApiError.unavailable(f"Worker died while running this request: {exc}"))
-
-    def _deliver(
-        self, batch: list[Job], result: Result, started: float, worker: WorkerProcess, at_once: bool = False
-    ) -> None:
-        """Each request of the batch its answer (one per request, else every request fails); ``at_once``: each
-        request's ``on_answer`` runs now (``Job.answer``), not in a later turn of the loop."""
-        model = self.model
-        if math.isfinite(self.handler_ms):
-            self.handler_ms += HANDLER_EWMA * (result.handler_ms - self.handler_ms)
-        else:  # the first batch
-            self.handler_ms = result.handler_ms
-        if len(result.answers) != len(batch):
-            message = (
-                f"worker {worker.worker_id} answered {len(result.answers)} results for a batch of {len(batch)} "
-                "requests (one per request expected); every request of the batch failed"
-            )
-            log.error("model %s: %s", model.name, message)
-            self._fail(batch, ApiError.unavailable(message))
-            return
-        for job, answer in zip(batch, result.answers, strict=True):
-            if not job.future.done():
-                (job.answer if at_once else job.future.set_result)(
-                    InferResult(
-                        answer.status,
-                        answer.body,
-                        answer.content_type,
-                        answer.headers,
-                        queue_ms=(started - job.arrival) * 1000.0,
-                        handler_ms=result.handler_ms,
-                        batch_size=len(batch),
-                        worker_id=worker.worker_id,
-                        version=model.version,
-                    )
-                )
-        if self.observe_batch is not None:
-            self.observe_batch(len(batch))
-
-    def _partials(self, batch: list[Job], worker_id: str) -> Callable[[Partial], None]:
-        """Hands each intermediate answer of the batch to its request's ``on_partial`` (dropped when it has none,
-        or it is answered already)."""
-        streams = {j.request.request_id: j for j in batch if j.request.on_partial is not None}
-        version = self.model.version
-
-        def deliver(partial: Partial) -> None:
-            job = streams.get(partial.request_id)
-            if job is None or job.future.done() or job.request.on_partial is None:
-                return
-            a = partial.answer
-            try:
-                job.request.on_partial(
-                    InferResult(
-                        a.status, a.body, a.content_type, a.headers, batch_size=1, worker_id=worker_id, version=version
-                    )
-                )
-            except Exception:  # the consumer's failure must not break the worker's connection
-                log.exception("model %s: a streaming consumer failed", self.model.name)
-
-        return deliver
-
-    @staticmethod
-    def _fail(jobs: list[Job], error: ApiError) -> None:
-        for job in jobs:
-            if not job.future.done():
-                job.future.set_exception(error)
 
     # ---- supervision -------------------------------------------------------------------------
 
@@ -370,7 +326,7 @@ class WorkerPool:
                         raise
                     except Exception as exc:  # a bug of ours must not leave the batch's requests waiting
                         log.exception("model %s: batch failed in the frontend", self.model.name)
-                        self._fail(batch, ApiError.unavailable(f"Batch failed in the frontend: {exc!r}"))
+                        fail(batch, ApiError.unavailable(f"Batch failed in the frontend: {exc!r}"))
                     finally:
                         slot.busy = False
             except WorkerError as exc:
@@ -396,7 +352,9 @@ class WorkerPool:
             return None
         slot.waiting = True
         try:
-            batch = await self.model.batcher.next_batch(lambda: self._in_reserve(slot))
+            batch = await self.model.batcher.next_batch(
+                lambda: self._in_reserve(slot), lambda jobs: self._send_direct(slot, worker, jobs)
+            )
         except asyncio.CancelledError:
             if not slot.exit_cancel or slot.retiring or self.closed:
                 raise
@@ -409,8 +367,8 @@ class WorkerPool:
             return None
         finally:
             slot.waiting = False
-        if not worker.alive:
-            self.model.batcher.put_front(batch)  # died in the same instant: give the jobs back
+        if not worker.alive and slot.sent is None:
+            self.model.batcher.put_front(batch)  # died in the same instant: give the jobs back (unless sent)
             return None
         return batch
 
@@ -458,7 +416,7 @@ class WorkerPool:
             if not self.active:
                 # No worker left: a request queued before the last one retired would wait for one that never comes
                 # (503 at once, as one sent now gets from ``ServedModel.submit``).
-                self._fail(self.model.batcher.drain(), ApiError.no_worker(self.model.name))
+                fail(self.model.batcher.drain(), ApiError.no_worker(self.model.name))
                 await self.forking.close()  # the parent's memory goes too; the next scale starts one
 
     async def restart(self) -> None:

@@ -255,6 +255,14 @@ class WorkerProcess:
         answered with the same result (the requests' answers can then go out in the turn that read it, not in the
         turns after it when the waiter resumes); it must not raise. Not called for a batch whose waiter gave up (a
         timeout, a cancel), nor with anything but a ``Result``."""
+        sent = self.send_now(batches, now)
+        await self.drain()
+        return sent
+
+    def send_now(
+        self, batches: list[Predict], now: Sequence[Callable[[Result], None] | None] | None = None
+    ) -> list[asyncio.Future[Message]]:
+        """``send`` without waiting for the write to drain (``drain``): from a callback of the loop."""
         channel = self._channel
         if not self.alive or channel is None:
             raise WorkerDied(f"worker {self.worker_id} is not running")
@@ -265,11 +273,14 @@ class WorkerProcess:
         except (ConnectionError, RuntimeError) as exc:  # nothing was written: none of them reached the worker
             raise WorkerDied(f"worker {self.worker_id} (pid {self.pid}) is gone: {exc}") from None
         self._pending.extend(zip(sent, now or [None] * len(sent), strict=True))
-        # Gone while the write drained: the worker may have run some of them, and the loss answered the rest
-        # (WorkerDied, ``_lost``); each future says which.
-        with contextlib.suppress(ConnectionError):
-            await channel.drain()
         return sent
+
+    async def drain(self) -> None:
+        """Wait while the socket's write buffer is full. Gone while the write drained: the worker may have run some
+        of the batches sent, and the loss answered the rest (WorkerDied, ``_lost``); each batch's future says which."""
+        if self._channel is not None:
+            with contextlib.suppress(ConnectionError):
+                await self._channel.drain()
 
     async def result(self, pending: asyncio.Future[Message], timeout: float) -> Result:
         """Wait for a sent batch's result, at most ``timeout`` seconds from now."""
