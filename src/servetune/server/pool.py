@@ -206,23 +206,14 @@ class WorkerPool:
         """The batcher's ``direct`` for the slot while it waits for a batch: send ``batch`` now, unless the slot's wait
         is ending (its worker gone, the slot retiring or cancelled); True if sent. From then on the slot is busy, so
         that nothing cancels its wait: its task takes the batch's answer (``_dispatch``)."""
-        task = slot.task
-        if (
-            not slot.waiting
-            or slot.retiring
-            or self.closed
-            or not worker.alive
-            or task is None
-            or task.cancelling()
-            or self.model.controller is not None
-        ):
+        task = slot.task  # (never under a controller: the batcher does not ask while it gives deadlines)
+        if not slot.waiting or slot.retiring or self.closed or not worker.alive or task is None or task.cancelling():
             return False
         try:
             slot.sent = self._send(slot, worker, batch)
         except WorkerDied:
             for job in batch:
                 job.attempts -= 1
-            worker.on_partial = None
             return False
         slot.waiting = False
         slot.busy = True
