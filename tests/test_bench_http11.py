@@ -155,6 +155,33 @@ def test_malformed_response_timeout_and_refused_connection() -> None:
     run(scenario)
 
 
+def test_timeouts_are_swept_after_an_idle_spell() -> None:
+    """One sweep per pool fails what is past its deadline: it stops while nothing is in flight and starts again
+    with the next request; a request times out no earlier than its deadline, and the answer that beat its deadline on
+    the other connection is served."""
+
+    async def scenario(server: Server, base: str) -> None:
+        loop = asyncio.get_running_loop()
+        pool = Http11Pool(base, limit=2, timeout=0.2)
+        assert (await pool.request(encode_request("GET", base + "/length", [], None)))[0] == 200
+        await asyncio.sleep(0.3)  # the sweep stopped: nothing in flight
+        assert pool._sweeper is None
+        started = loop.time()
+        slow, fast = await asyncio.gather(
+            pool.request(encode_request("GET", base + "/slow", [], None)),
+            pool.request(encode_request("GET", base + "/length", [], None)),
+            return_exceptions=True,
+        )
+        waited = loop.time() - started
+        assert isinstance(slow, TimeoutError) and not isinstance(fast, BaseException) and fast[0] == 200
+        assert waited >= 0.2  # not before its deadline (and before /slow's answer at 0.3 s: it timed out)
+        assert pool.open == 1 and not pool.busy  # the timed-out connection was dropped, the other kept
+        pool.close()
+        assert pool._sweeper is None
+
+    run(scenario)
+
+
 def test_limit_caps_open_connections() -> None:
     async def scenario(server: Server, base: str) -> None:
         pool = Http11Pool(base, limit=2, timeout=5)

@@ -46,6 +46,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.waiter: asyncio.Future[_Answer] | None = None
+        self.deadline = 0.0  # on the loop's clock: when the answer in flight times out
         self.closed = False
         self.received = False
         self.keep_body = keep_body
@@ -69,12 +70,13 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, data: bytes) -> asyncio.Future[_Answer]:
+    def send(self, data: bytes, waiter: asyncio.Future[_Answer], deadline: float) -> None:
         assert self.transport is not None
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.received = False
+        self.waiter, self.deadline, self.received = waiter, deadline, False
         self.transport.write(data)
-        return self.waiter
+
+    def expire(self) -> None:
+        self._fail(TimeoutError("no response before the timeout"))
 
     def data_received(self, data: bytes) -> None:
         self.received = True
@@ -115,13 +117,13 @@ class _Connection(asyncio.Protocol):
                     if len(buf) > _MAX_HEAD:
                         raise ValueError("headers too long")
                     return
-                lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+                lines = buf[:end].decode("latin-1").split("\r\n")
                 del buf[: end + 4]
                 self.status = int(lines[0].split(" ", 2)[1])
-                self.headers = {}
+                self.headers = headers = {}
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
-                    self.headers[name.strip().lower()] = value.strip()
+                    headers[name.rstrip().lower()] = value.strip()
                 if 100 <= self.status < 200:  # interim response: the real one follows
                     continue
                 self._framing()
@@ -176,7 +178,14 @@ class _Connection(asyncio.Protocol):
 
 
 class Http11Pool:
-    """Keep-alive connections to one origin, at most ``limit`` open; requests beyond wait for a free one."""
+    """Keep-alive connections to one origin, at most ``limit`` open; requests beyond wait for a free one.
+
+    Timeouts: one sweep over the answers in flight every ``timeout / 10`` (at most ``SWEEP_S``) fails those past
+    their deadline, rather than a timer per request (a timer set and cancelled per request cost ~8 us of the
+    client's CPU, a quarter of a blocking client's whole cost per request); a request times out at most one sweep
+    late."""
+
+    SWEEP_S = 0.05
 
     def __init__(self, url: str, limit: int, timeout: float, *, keep_body: bool = False) -> None:
         parts = urlsplit(url)
@@ -189,6 +198,8 @@ class Http11Pool:
         self.open = 0
         self.idle: list[_Connection] = []
         self.waiters: deque[asyncio.Future[None]] = deque()
+        self.busy: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def request(self, data: bytes) -> tuple[int, Headers]:
         """Send one encoded request; return (status, lower-cased headers). Raises TimeoutError or OSError."""
@@ -201,9 +212,15 @@ class Http11Pool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         for attempt in (0, 1):
-            conn, reused = await self._acquire(deadline)
-            waiter = conn.send(data)
-            timer = loop.call_at(deadline, _expire, waiter)
+            conn = self._idle()
+            reused = conn is not None
+            if conn is None:
+                conn, reused = await self._acquire(deadline)
+            waiter: asyncio.Future[_Answer] = loop.create_future()
+            conn.send(data, waiter, deadline)
+            self.busy.add(conn)
+            if self._sweeper is None:
+                self._sweeper = loop.call_later(self._tick(), self._sweep, loop)
             try:
                 status, headers, keep_alive, body = await waiter
             except ConnectionError:
@@ -214,20 +231,38 @@ class Http11Pool:
             except BaseException:
                 self._release(conn, False)
                 raise
-            finally:
-                timer.cancel()
             self._release(conn, keep_alive)
             return status, headers, body
         raise AssertionError("unreachable")
 
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail the answers past their deadline; sweep again while any is in flight."""
+        self._sweeper = None
+        if not self.busy:
+            return
+        now = loop.time()
+        for conn in [c for c in self.busy if c.deadline <= now]:
+            conn.expire()
+        self._sweeper = loop.call_later(self._tick(), self._sweep, loop)
+
+    def _tick(self) -> float:
+        return max(0.001, min(self.SWEEP_S, self.timeout / 10))
+
+    def _idle(self) -> _Connection | None:
+        """An idle connection still open, if there is one (those the server closed meanwhile are dropped)."""
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                return conn
+            self.open -= 1
+        return None
+
     async def _acquire(self, deadline: float) -> tuple[_Connection, bool]:
         loop = asyncio.get_running_loop()
         while True:
-            while self.idle:
-                conn = self.idle.pop()
-                if not conn.closed:
-                    return conn, True
-                self.open -= 1
+            idle = self._idle()
+            if idle is not None:
+                return idle, True
             if self.open < self.limit:
                 self.open += 1
                 try:
@@ -248,6 +283,7 @@ class Http11Pool:
                 raise TimeoutError("no free connection before the timeout") from None
 
     def _release(self, conn: _Connection, reusable: bool) -> None:
+        self.busy.discard(conn)
         if reusable and not conn.closed:
             self.idle.append(conn)
         else:
@@ -264,12 +300,10 @@ class Http11Pool:
                 return
 
     def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for conn in self.idle:
             if conn.transport is not None:
                 conn.transport.close()
         self.idle.clear()
-
-
-def _expire(waiter: asyncio.Future[_Answer]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError("no response before the timeout"))

@@ -47,7 +47,7 @@ class RequestSender:
 
     async def send(self, i: int) -> Sent:
         try:
-            status, headers = await self.pool.request(self.requests[i % len(self.requests)])
+            status, headers, _ = await self.pool.exchange(self.requests[i % len(self.requests)])
         except (TimeoutError, asyncio.TimeoutError):
             return TIMEOUT, _NAN, _NAN, 0, ()
         except OSError:
