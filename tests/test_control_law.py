@@ -111,6 +111,19 @@ def test_completion_counts_the_queue_the_busy_workers_and_its_own_batch() -> Non
     assert completion_ms(COST, 20, 10, [30.0], 2) == 70.0 + 25.0
 
 
+def test_completion_counts_the_arrivals_that_fill_its_batch_while_it_waits() -> None:
+    # 2 ahead, the one worker busy 30 ms more: at 100 req/s three more arrive before it frees, so its batch is
+    # 2 + 1 + 3 = 6 (20 + 30 ms), not 3
+    assert completion_ms(COST, 2, 10, [30.0], 1, arrival_rate=100.0) == 30.0 + 50.0
+    assert completion_ms(COST, 2, 10, [30.0], 1) == 30.0 + 35.0  # no rate known: its share alone
+    # never past the batch size: 1,000 req/s would bring 30 in those 30 ms
+    assert completion_ms(COST, 2, 10, [30.0], 1, arrival_rate=1000.0) == 30.0 + 70.0
+    # behind two full batches the worker frees at 30 + 70 + 70 = 170 ms: 17 arrive at 100 req/s, the batch is full
+    assert completion_ms(COST, 25, 10, [30.0], 1, arrival_rate=100.0) == 170.0 + 70.0
+    # an idle worker takes it at once: nobody joins (the delay's company is not waited for here)
+    assert completion_ms(COST, 0, 10, [], 1, arrival_rate=1000.0) == 25.0
+
+
 def test_fit_recovers_a_and_b() -> None:
     fit = ServiceFit()
     for n in (1, 4, 2, 8, 3, 6):

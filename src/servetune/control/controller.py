@@ -304,7 +304,8 @@ class Controller:
             return
         now = self.clock()
         busy = [(start + predicted / 1000.0 - now) * 1000.0 for start, predicted, _ in self.inflight.values()]
-        wait_ms = completion_ms(cost, queue, knobs.batch_size, busy, knobs.workers, knobs.max_batch_delay_ms)
+        rate = self.meter.rate(now)
+        wait_ms = completion_ms(cost, queue, knobs.batch_size, busy, knobs.workers, knobs.max_batch_delay_ms, rate)
         # the answer must also cross the frontend and the network inside the deadline, and the prediction may err
         if now + (wait_ms + self.margin_ms + SLACK_MS) / 1000.0 <= limit:
             return

@@ -154,9 +154,8 @@ class Batcher:
         try:
             sent = direct is not None and direct(batch)
         finally:
-            if sent:
+            if sent:  # (``last_reason`` is a controller's, and the batcher sends nothing this way under one)
                 self._handed = batch
-                self.last_reason = "full" if len(batch) == self.batch_size else "delay"
             else:  # not sent (the worker went, its slot is retiring): the collector takes it as usual
                 queue.extendleft(reversed(batch))
 

@@ -29,6 +29,7 @@ from servetune.server.parent import Forking
 from servetune.server.process import WorkerProcess
 
 if TYPE_CHECKING:
+    from servetune.control import Controller
     from servetune.server.model import ServedModel
 
 log = logging.getLogger("servetune.pool")
@@ -171,8 +172,7 @@ class WorkerPool:
         finally:
             worker.on_partial = None
             if controller is not None and sent is not None:  # a failed batch teaches the fit nothing (NaN)
-                oldest_ms = (sent.started - min(j.arrival for j in batch)) * 1000.0
-                controller.finished(worker.worker_id, len(batch), sent.reason, oldest_ms, sent.predicted_ms, actual_ms)
+                _finished(controller, worker, batch, sent.started, sent.reason, sent.predicted_ms, actual_ms)
         if sent.delivery is None or not sent.delivery.done:
             self.answers.deliver(batch, result, sent.started, worker)
 
@@ -197,8 +197,7 @@ class WorkerPool:
             (pending,) = worker.send_now([predict], [delivery])
         except WorkerDied:
             if controller is not None:  # counted as a failed batch
-                oldest_ms = (started - min(j.arrival for j in batch)) * 1000.0
-                controller.finished(worker.worker_id, len(batch), reason, oldest_ms, predicted_ms, math.nan)
+                _finished(controller, worker, batch, started, reason, predicted_ms, math.nan)
             raise
         return _Sent(batch, started, pending, delivery, reason, predicted_ms)
 
@@ -511,6 +510,21 @@ class WorkerPool:
                 )
             )
         return out
+
+
+def _finished(
+    controller: Controller,
+    worker: WorkerProcess,
+    batch: list[Job],
+    started: float,
+    reason: str,
+    predicted_ms: float,
+    actual_ms: float,
+) -> None:
+    """Tell the controller a batch it was told of is answered (``actual_ms``) or failed (NaN), with its oldest
+    request's time in the queue."""
+    oldest_ms = (started - min(j.arrival for j in batch)) * 1000.0
+    controller.finished(worker.worker_id, len(batch), reason, oldest_ms, predicted_ms, actual_ms)
 
 
 __all__ = ["FIRST_WORKER_ID", "WorkerPool", "WorkerSlot"]
