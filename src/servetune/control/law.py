@@ -266,21 +266,17 @@ def completion_ms(
     own = min(batch_size, rest + 1)
     if full == 0:  # the common case, admission's hot path: it goes when the first worker frees
         start = 0.0 if len(busy_remaining_ms) < workers else max(0.0, min(busy_remaining_ms))
-        if ahead == 0 and start == 0.0:
-            start = delay_ms if own < batch_size else 0.0
-        elif start > 0.0:
-            own = min(batch_size, own + int(arrival_rate * start / 1000.0))
-        return start + cost.t(own)
-    free = sorted([max(0.0, r) for r in busy_remaining_ms] + [0.0] * max(0, workers - len(busy_remaining_ms)))
-    free = free[:workers]
-    t_full = cost.t(batch_size)
-    if full <= 4 * workers:
-        for _ in range(full):
-            free[0] += t_full
-            free.sort()
-        start = free[0]
-    else:  # a long queue: the workers take it in turns
-        start = free[0] + full * t_full / workers
+    else:
+        free = sorted([max(0.0, r) for r in busy_remaining_ms] + [0.0] * max(0, workers - len(busy_remaining_ms)))
+        free = free[:workers]
+        t_full = cost.t(batch_size)
+        if full <= 4 * workers:
+            for _ in range(full):
+                free[0] += t_full
+                free.sort()
+            start = free[0]
+        else:  # a long queue: the workers take it in turns
+            start = free[0] + full * t_full / workers
     if ahead == 0 and start == 0.0:
         start = delay_ms if own < batch_size else 0.0
     elif start > 0.0:
